@@ -1,0 +1,183 @@
+"""Build & load: compiles a generated project with nvcc and the host compiler into the
+build variant kernel-builder would produce (build/<variant>/ with __init__.py, _ops.py,
+metadata.json and <ops name>.abi3.so), so `kernels.get_local_kernel` loads it.
+No Nix, CMake or kernel-builder needed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .catalog import KgenError
+from .profile import ArchProfile
+from .render import render_local_files, write_tree
+
+CXX = os.environ.get("CXX", "c++")
+
+
+def find_nvcc() -> str:
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"),
+                      str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise KgenError("nvcc not found: put the CUDA toolkit's bin/ on PATH, or set NVCC or CUDA_HOME")
+
+
+def cuda_home(nvcc: str) -> Path:
+    if os.environ.get("CUDA_HOME"):
+        return Path(os.environ["CUDA_HOME"])
+    real = Path(nvcc).resolve()
+    if real.parent.name == "bin" and (real.parent.parent / "include" / "cuda_runtime.h").is_file():
+        return real.parent.parent
+    return Path("/usr/local/cuda")
+
+
+def gencode(profile: ArchProfile) -> list[str]:
+    """Machine code for the profile's arch plus its PTX, so newer GPUs can JIT it."""
+    cc = profile.capability_number
+    return [f"-gencode=arch=compute_{cc},code=[sm_{cc},compute_{cc}]"]
+
+
+NVCC_FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-Xptxas", "-v"]
+
+
+def _run(cmd: list[str], what: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KgenError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    return proc.stdout + proc.stderr
+
+
+@dataclass(frozen=True)
+class PtxasEntry:
+    function: str
+    registers: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+
+
+def parse_ptxas(log: str) -> list[PtxasEntry]:
+    """The per-kernel lines of `-Xptxas -v`: registers, stack frame and spills."""
+    entries, name, frame = [], None, None
+    for line in log.splitlines():
+        if m := re.search(r"Compiling entry function '([^']+)'", line):
+            name = m.group(1)
+        elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            frame = tuple(int(g) for g in m.groups())
+        elif (m := re.search(r"Used (\d+) registers", line)) and name and frame:
+            entries.append(PtxasEntry(name, int(m.group(1)), *frame))
+            name, frame = None, None
+    return entries
+
+
+def compile_kernel(project: Path, op: str, profile: ArchProfile, obj: Path, nvcc: str | None = None) -> str:
+    """nvcc -c of the project's kernel for the profile's arch; returns the ptxas report."""
+    nvcc = nvcc or find_nvcc()
+    src = project / f"{op}_cuda" / f"{op}.cu"
+    return _run([nvcc, *NVCC_FLAGS, *gencode(profile), "-c", str(src), "-o", str(obj)], f"nvcc {src.name}")
+
+
+def _torch_env():
+    try:
+        import torch
+    except ImportError as err:  # pragma: no cover - torch is a dependency
+        raise KgenError("building needs torch") from err
+    root = Path(torch.__file__).parent
+    if torch.version.cuda is None or not (root / "include/c10/cuda/impl/cuda_cmake_macros.h").is_file():
+        raise KgenError(f"torch {torch.__version__} is not a CUDA build (no CUDA headers); the bindings "
+                        "need one, e.g. `pip install torch==2.14.1` (cu130)")
+    return torch, root
+
+
+def variant_name() -> str:
+    """kernel-builder's variant directory name for this torch, e.g. torch211-cxx11-cu130-x86_64-linux."""
+    torch, _ = _torch_env()
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    cuda = torch.version.cuda.replace(".", "")
+    abi = "-cxx11" if torch.compiled_with_cxx11_abi() else "-cxx98"
+    return f"torch{major}{minor}{abi}-cu{cuda}-{platform.machine()}-{platform.system().lower()}"
+
+
+def _sources(project: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(project)): p.read_bytes() for p in sorted(project.rglob("*"))
+            if p.is_file() and "build" not in p.relative_to(project).parts and "__pycache__" not in p.parts}
+
+
+def ops_name(project: Path, python_name: str, flags: list[str]) -> str:
+    """_<python name>_cuda_<content hash>: a changed source or flag gives a new op namespace and
+    library name, so a rebuilt spec never reuses a stale library."""
+    digest = hashlib.sha256()
+    for rel, data in _sources(project).items():
+        digest.update(rel.encode() + b"\0" + data + b"\0")
+    digest.update(" ".join(flags).encode())
+    return f"_{python_name}_cuda_{digest.hexdigest()[:10]}"
+
+
+def build_project(project: Path, op: str, python_name: str, kernel_name: str, profile: ArchProfile,
+                  step: Callable[[str], None] = lambda _: None) -> Path:
+    """Compiles and links the project into project/build/<variant>/ (replaced atomically)."""
+    torch, torch_root = _torch_env()
+    nvcc = find_nvcc()
+    home = cuda_home(nvcc)
+    major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    cxx_std = "-std=c++20" if (major, minor) >= (2, 12) else "-std=c++17"  # as kernel-builder
+    abi = int(torch.compiled_with_cxx11_abi())
+    variant = variant_name()
+    name = ops_name(project, python_name, [*NVCC_FLAGS, *gencode(profile), cxx_std, variant])
+
+    with tempfile.TemporaryDirectory(prefix="kgen-build-") as tmp:
+        tmp = Path(tmp)
+        for rel, text in render_local_files(name).items():
+            (tmp / rel).write_text(text)
+        includes = [tmp, torch_root / "include", torch_root / "include/torch/csrc/api/include",
+                    home / "include", Path(sysconfig.get_paths()["include"])]
+        binding_cmd = [CXX, cxx_std, "-O2", "-fPIC", "-c", str(project / "torch-ext/torch_binding.cpp"),
+                       "-o", str(tmp / "torch_binding.o"), f"-DTORCH_EXTENSION_NAME={name}",
+                       "-DPy_LIMITED_API=0x03090000", "-DCUDA_KERNEL", "-DUSE_CUDA=1",
+                       f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in includes]]
+        step(f"compiling {op}.cu for {profile.name} and the torch binding (torch {torch.__version__})")
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            kernel = pool.submit(compile_kernel, project, op, profile, tmp / f"{op}.o", nvcc)
+            binding = pool.submit(_run, binding_cmd, "compiling torch_binding.cpp")
+            ptxas_log = kernel.result()
+            binding.result()
+        step("linking")
+        lib = f"{name}.abi3.so"
+        _run([CXX, "-shared", "-o", str(tmp / lib), str(tmp / f"{op}.o"), str(tmp / "torch_binding.o"),
+              f"-L{torch_root / 'lib'}", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda",
+              f"-L{home / 'lib64'}", "-lcudart"], "linking")
+
+        package = project / "torch-ext" / python_name
+        files = {p.name: p.read_text() for p in sorted(package.glob("*.py"))}
+        files["_ops.py"] = (tmp / "_ops.py").read_text()
+        files["metadata.json"] = json.dumps({
+            "id": name, "name": kernel_name, "version": 1, "license": "apache-2.0",
+            "python-depends": [], "kernel-depends": [],
+            "backend": {"type": "cuda", "archs": [profile.compute_capability]},
+        }, indent=2) + "\n"
+        files["ptxas.log"] = ptxas_log
+        files[lib] = (tmp / lib).read_bytes()
+        out = project / "build" / variant
+        write_tree(files, out)
+    step(f"built {out}")
+    return out
+
+
+def load(project: Path):
+    """Loads a built project through `kernels`, as a user would."""
+    from kernels import get_local_kernel
+
+    return get_local_kernel(Path(project))
+

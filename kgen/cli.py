@@ -1,0 +1,166 @@
+"""The kgen command line: list, build, explain, bench."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .catalog import KgenError, arch_names, load_profile, load_spec, op_names
+
+app = typer.Typer(help="Generate fused CUDA kernels and their PyTorch bindings from op specs.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def _user_errors(fn):
+    """KgenError is the user's problem, not a crash: print its message and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KgenError as err:
+            err_console.print(f"[bold red]error:[/] {err}")
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@app.command("list")
+@_user_errors
+def list_cmd() -> None:
+    """Show the ops and the arch profiles."""
+    ops = Table(title="ops", title_justify="left")
+    for col in ("op", "summary", "conventions (first = default)", "layers"):
+        ops.add_column(col)
+    for name in op_names():
+        spec = load_spec(name)
+        ops.add_row(name, spec.summary, ", ".join(c.name for c in spec.structure.conventions),
+                    ", ".join(layer.name for layer in spec.layers) or "-")
+    console.print(ops)
+    archs = Table(title="arch profiles", title_justify="left")
+    for col in ("arch", "devices", "SMs", "bandwidth", "shared mem / block", "dtypes"):
+        archs.add_column(col)
+    for name in arch_names():
+        p = load_profile(name)
+        archs.add_row(name, ", ".join(d.name for d in p.devices), str(p.sm_count),
+                      ", ".join(f"{d.memory_bandwidth_gbs:g} GB/s" for d in p.devices),
+                      f"{p.max_shared_memory_per_block // 1024} KB", ", ".join(p.dtypes))
+    console.print(archs)
+
+
+@app.command()
+@_user_errors
+def build(
+    op: Annotated[Optional[str], typer.Argument(help="op name (see `kgen list`)")] = None,
+    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="arch profile; repeat for several (default: all)")] = None,
+    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="I/O dtype; repeat (default: all the arch supports)")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every op × every arch profile")] = False,
+    out: Annotated[Path, typer.Option("--out", help="output root; each project goes to OUT/<op>-<arch>")] = Path("generated"),
+    compile_: Annotated[bool, typer.Option("--compile", help="also compile a local build variant (nvcc + CUDA torch)")] = False,
+) -> None:
+    """Write kernel-builder projects (and with --compile, a local build `kernels` loads)."""
+    from .render import resolve_target, write_project
+
+    if all_ == (op is not None):
+        raise KgenError("give an op name or --all (not both)")
+    ops = op_names() if all_ else [op]
+    archs = arch or arch_names()
+    targets = [resolve_target(o, a, dtype) for o in ops for a in archs]
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("writing projects", total=len(targets) * (2 if compile_ else 1))
+        for target in targets:
+            progress.update(task, description=f"writing {target.kernel_name}")
+            path = write_project(target, out)
+            progress.advance(task)
+            progress.console.print(f"wrote {path}")
+            if compile_:
+                from .builder import build_project
+
+                variant = build_project(path, target.op, target.python_name, target.kernel_name,
+                                        load_profile(target.arch),
+                                        step=lambda msg: progress.update(task, description=msg))
+                progress.advance(task)
+                progress.console.print(f"built {variant}")
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        dims = [int(d) for d in text.lower().split("x")]
+    except ValueError:
+        raise KgenError(f"--shape must look like 8192x4096 (leading dims x hidden), got {text!r}") from None
+    if not dims or any(d < 1 for d in dims):
+        raise KgenError(f"--shape dims must be >= 1, got {text!r}")
+    rows = 1
+    for d in dims[:-1]:
+        rows *= d
+    return rows, dims[-1]
+
+
+@app.command()
+@_user_errors
+def explain(
+    op: Annotated[str, typer.Argument(help="op name")],
+    arch: Annotated[str, typer.Option("--arch", help="arch profile")] = "sm_90",
+    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+    shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096 or 2x4096x3072")] = "8192x4096",
+) -> None:
+    """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
+    from .planner import DTYPE_BYTES, plan_launch
+
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    dtype = aliases.get(dtype, dtype)
+    if dtype not in DTYPE_BYTES:
+        raise KgenError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)")
+    spec, profile = load_spec(op), load_profile(arch)
+    rows, hidden = _shape(shape)
+    plan = plan_launch(spec, profile, dtype, rows, hidden)
+    b = plan.bucket
+    console.print(f"[bold]{op}[/] on {profile.name} ({', '.join(d.name for d in profile.devices)}), "
+                  f"{dtype}, {rows} rows × hidden {hidden}")
+    table = Table(show_lines=False)
+    for col in ("choice", "value", "why"):
+        table.add_column(col)
+    table.add_row("accesses", f"{b.elems_per_access * plan.kernel.elem_bytes} B ({b.elems_per_access} elements)",
+                  plan.vector_reason + "; " + plan.kernel.notes["vector path" if b.vectorized else "scalar path"])
+    table.add_row("threads per row", str(b.threads_per_row), b.reasons["threads_per_row"])
+    table.add_row("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"])
+    table.add_row("block", f"{b.block_threads} threads", "threads per row × rows per block")
+    table.add_row("reduction", b.reduction, "threads per row <= warp size (32)" if b.threads_per_row <= 32
+                  else f"{b.threads_per_row // 32} warps per row exchange partial sums once")
+    table.add_row("row lives in", b.storage, b.reasons["storage"])
+    table.add_row("clusters", "no", plan.kernel.notes["clusters"])
+    table.add_row("grid", f"{plan.grid} blocks", f"ceil({rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
+                  f"({plan.grid / profile.sm_count:.1f} blocks per SM)")
+    table.add_row("shared memory", f"{plan.shared_bytes} B dynamic", "the row" if plan.shared_bytes else "only reduction scratch")
+    console.print(table)
+    console.print(f"minimum traffic: {plan.min_bytes / 1e6:.2f} MB (each input read once, each output written once)")
+    for device in profile.devices:
+        console.print(f"roofline on {device.name} ({device.memory_bandwidth_gbs:g} GB/s): "
+                      f"{plan.roofline_us(device.memory_bandwidth_gbs):.1f} µs")
+
+
+@app.command()
+@_user_errors
+def bench(
+    op: Annotated[str, typer.Argument(help="op name")] = "rmsnorm",
+    out: Annotated[Path, typer.Option("--out", help="where the JSON results go")] = Path("bench/results"),
+    repeats: Annotated[int, typer.Option(help="timed runs per implementation and shape")] = 100,
+    build_dir: Annotated[Path, typer.Option("--build-dir", help="project root to build into")] = Path("build/bench"),
+) -> None:
+    """Time the kgen kernel against eager, PyTorch's fused op and torch.compile on this GPU."""
+    from .bench import run_bench
+
+    run_bench(op, out=out, repeats=repeats, build_root=build_dir, console=console)
+
+
+def main() -> None:  # pragma: no cover
+    app()

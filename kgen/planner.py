@@ -1,0 +1,168 @@
+"""The schedule: from an op spec, an arch profile and a dtype to the kernel
+configurations that get compiled (one per hidden-size bucket) and, for a given
+shape, the configuration the launcher picks. Reads only profile fields; every
+choice carries the fact or rule that set it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .catalog import KgenError
+from .dsl import OpSpec
+from .profile import ArchProfile
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+VECTOR_BYTES = 16  # the widest global access a thread can issue (LDG.E.128 / STG.E.128)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One compiled kernel configuration, serving rows up to ``max_row_bytes`` (None: any)."""
+
+    max_row_bytes: int | None
+    elems_per_access: int
+    threads_per_row: int
+    rows_per_block: int
+    max_accesses_per_thread: int  # the register array length (registers storage only)
+    storage: str  # "registers" | "shared" | "global"
+    reasons: dict[str, str] = field(compare=False, hash=False)
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def reduction(self) -> str:
+        return "warp shuffle" if self.threads_per_row <= 32 else "warp shuffle + one shared-memory exchange"
+
+    @property
+    def vectorized(self) -> bool:
+        return self.elems_per_access > 1
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Every configuration compiled for (op, arch, dtype): vector buckets then scalar ones."""
+
+    op: str
+    arch: str
+    dtype: str
+    elem_bytes: int
+    buckets: list[Bucket]
+    notes: dict[str, str]
+
+
+def check_dtype(profile: ArchProfile, dtype: str) -> None:
+    if dtype not in DTYPE_BYTES:
+        raise KgenError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    if dtype not in profile.dtypes:
+        raise KgenError(f"{profile.name} ({profile.devices[0].name}) has no {dtype} arithmetic "
+                        f"(profile: bf16 = {str(profile.bf16).lower()}); supported dtypes: {', '.join(profile.dtypes)}")
+
+
+def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
+    check_dtype(profile, dtype)
+    elem = DTYPE_BYTES[dtype]
+    facts = profile.planner
+    buckets = []
+    for elems_per_access in (VECTOR_BYTES // elem, 1):
+        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_inputs))
+    notes = {
+        "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when x, weight and out "
+                       f"are {VECTOR_BYTES}-byte aligned and hidden and row strides are multiples of "
+                       f"{VECTOR_BYTES // elem}: the widest global access a thread can issue",
+        "scalar path": "otherwise one element per access, the row re-read from L2 instead of cached: "
+                       "correct for any alignment and any hidden size",
+        "clusters": ("not used: one block holds rows up to "
+                     f"{_largest_on_chip(profile) // 1024} KB on chip, beyond any hidden size in the shape suite"
+                     if profile.clusters else f"not available on {profile.name} (profile: clusters = false)"),
+        "block_threads": f"{facts.block_threads} threads per block when rows are short (profile planner.block_threads)",
+    }
+    return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes)
+
+
+def _largest_on_chip(profile: ArchProfile) -> int:
+    regs = profile.planner.threads_per_row[-1].threads * profile.planner.row_register_bytes_per_thread
+    return max(regs, profile.max_shared_memory_per_block - _SCRATCH_BYTES)
+
+
+_SCRATCH_BYTES = 4 * 1024  # reserved for the per-warp partial sums of the reductions
+
+
+def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs: int) -> list[Bucket]:
+    facts = profile.planner
+    access_bytes = elem * elems_per_access
+    out = []
+    for step in facts.threads_per_row:
+        threads = step.threads
+        rows_per_block = max(1, facts.block_threads // threads)
+        reasons = {
+            "threads_per_row": f"{threads}: rows up to {step.max_row_bytes} B (profile planner.threads_per_row)",
+            "rows_per_block": (f"{rows_per_block}: {facts.block_threads} threads per block / {threads} per row"
+                               if rows_per_block > 1 else "1: a row needs the whole block"),
+        }
+        if elems_per_access > 1:
+            accesses = -(-step.max_row_bytes // (access_bytes * threads))
+            reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the "
+                                  f"{facts.row_register_bytes_per_thread} B budget (profile "
+                                  "planner.row_register_bytes_per_thread): one read, one write")
+            storage = "registers"
+        else:
+            accesses = 1
+            reasons["storage"] = "global: scalar path re-reads the row (from L2) instead of caching it"
+            storage = "global"
+        out.append(Bucket(step.max_row_bytes, elems_per_access, threads, rows_per_block, accesses, storage, reasons))
+
+    threads = facts.threads_per_row[-1].threads
+    largest_in_registers = threads * facts.row_register_bytes_per_thread
+    shared_limit = (profile.max_shared_memory_per_block - _SCRATCH_BYTES) // row_inputs
+    if elems_per_access > 1 and shared_limit > largest_in_registers:
+        out.append(Bucket(shared_limit, elems_per_access, threads, 1, 1, "shared", {
+            "threads_per_row": f"{threads}: the longest ladder step",
+            "rows_per_block": "1: a row needs the whole block",
+            "storage": (f"shared memory: beyond {largest_in_registers // 1024} KB in registers, up to the "
+                        f"profile's {profile.max_shared_memory_per_block // 1024} KB per block less "
+                        f"{_SCRATCH_BYTES // 1024} KB scratch: one read, one write"),
+        }))
+    out.append(Bucket(None, elems_per_access, threads, 1, 1, "global", {
+        "threads_per_row": f"{threads}: the longest ladder step",
+        "rows_per_block": "1: a row needs the whole block",
+        "storage": "global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)",
+    }))
+    return out
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    kernel: KernelPlan
+    bucket: Bucket
+    rows: int
+    hidden: int
+    grid: int
+    shared_bytes: int
+    min_bytes: int
+    vector_reason: str
+
+    def roofline_us(self, bandwidth_gbs: float) -> float:
+        return self.min_bytes / (bandwidth_gbs * 1e9) * 1e6
+
+
+def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int) -> LaunchPlan:
+    """The configuration the generated launcher picks for a contiguous, aligned tensor."""
+    kernel = plan_kernel(spec, profile, dtype)
+    if rows < 1 or hidden < 1:
+        raise KgenError(f"shape must have rows >= 1 and hidden >= 1, got rows={rows}, hidden={hidden}")
+    elem = kernel.elem_bytes
+    row_bytes = hidden * elem
+    vector = hidden % (VECTOR_BYTES // elem) == 0
+    vector_reason = (f"hidden {hidden} is a multiple of {VECTOR_BYTES // elem}: {VECTOR_BYTES}-byte accesses"
+                     if vector else
+                     f"hidden {hidden} is not a multiple of {VECTOR_BYTES // elem}: scalar accesses")
+    wanted = VECTOR_BYTES // elem if vector else 1
+    bucket = next(b for b in kernel.buckets if b.elems_per_access == wanted
+                  and (b.max_row_bytes is None or row_bytes <= b.max_row_bytes))
+    grid = -(-rows // bucket.rows_per_block)
+    shared = row_bytes if bucket.storage == "shared" else 0
+    row_tensors = len(spec.row_inputs) + len(spec.outputs)
+    min_bytes = rows * row_bytes * row_tensors + len(spec.column_inputs) * row_bytes
+    return LaunchPlan(kernel, bucket, rows, hidden, grid, shared, min_bytes, vector_reason)

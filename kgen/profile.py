@@ -1,0 +1,71 @@
+"""GPU architecture profiles: hardware facts from arch/*.toml, validated with pydantic."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Device(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    memory_bandwidth_gbs: float = Field(gt=0)
+
+
+class LadderStep(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_row_bytes: int = Field(gt=0)
+    threads: int = Field(gt=0)
+
+
+class PlannerFacts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    row_register_bytes_per_thread: int = Field(ge=16, multiple_of=16)
+    threads_per_row: list[LadderStep] = Field(min_length=1)
+    block_threads: int = Field(ge=32, multiple_of=32)
+
+    @model_validator(mode="after")
+    def _ladder(self) -> PlannerFacts:
+        steps = self.threads_per_row
+        if any(b.max_row_bytes <= a.max_row_bytes for a, b in zip(steps, steps[1:])):
+            raise ValueError("threads_per_row: max_row_bytes must increase step by step")
+        for step in steps:
+            if step.threads & (step.threads - 1):
+                raise ValueError(f"threads_per_row: threads must be a power of two, got {step.threads}")
+        return self
+
+
+class ArchProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^sm_\d{2,3}$")
+    compute_capability: str = Field(pattern=r"^\d+\.\d$")
+    sm_count: int = Field(gt=0)
+    warp_size: int = 32
+    max_threads_per_block: int = Field(gt=0)
+    max_threads_per_sm: int = Field(gt=0)
+    registers_per_sm: int = Field(gt=0)
+    max_registers_per_thread: int = Field(gt=0)
+    shared_memory_per_sm: int = Field(gt=0)
+    max_shared_memory_per_block: int = Field(gt=0)
+    l2_bytes: int = Field(gt=0)
+    bf16: bool
+    clusters: bool
+    max_cluster_size: int = Field(ge=1)
+    devices: list[Device] = Field(min_length=1)
+    planner: PlannerFacts
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ArchProfile:
+        if self.planner.threads_per_row[-1].threads > self.max_threads_per_block:
+            raise ValueError("planner.threads_per_row asks for more threads than max_threads_per_block")
+        if self.name != "sm_" + self.compute_capability.replace(".", ""):
+            raise ValueError(f"name {self.name!r} does not match compute_capability {self.compute_capability!r}")
+        return self
+
+    @property
+    def dtypes(self) -> list[str]:
+        return ["float32", "float16"] + (["bfloat16"] if self.bf16 else [])
+
+    @property
+    def capability_number(self) -> int:
+        """9.0 -> 90, as in -gencode arch=compute_90."""
+        return int(self.compute_capability.replace(".", ""))

@@ -1,0 +1,57 @@
+"""RMSNorm over the last dim: out = x / sqrt(mean(x²) + eps) · weight.
+
+Order: spec, reference, the real modules it replaces (layers).
+"""
+
+import sympy as sp
+import torch
+
+from kgen.dsl import (Convention, Layer, OpSpec, Param, Reduction, RowReduce,
+                      Tensor, inv_hidden, row_sum, to_io_dtype)
+
+x, weight, eps, rstd = sp.symbols("x weight eps rstd")
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                convention: str = "single_rounding") -> torch.Tensor:
+    """float64 reference. ``transformers`` reproduces its intermediate rounding to x's dtype
+    before the weight multiply; the result is float64 for the caller to compare or round."""
+    x64 = x.double()
+    normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    if convention == "transformers":
+        normed = normed.to(x.dtype).double()
+    elif convention != "single_rounding":
+        raise ValueError(f"unknown convention {convention!r}")
+    return normed if weight is None else normed * weight.double()
+
+
+spec = OpSpec(
+    name="rmsnorm",
+    summary="RMSNorm over the last dim, optional weight, fp32 statistics",
+    tensors=[
+        Tensor(name="x", dims="*rows hidden", doc="input, any number of leading dims"),
+        Tensor(name="weight", dims="hidden", optional=True, absent_value=1.0,
+               doc="per-channel scale; None for diffusers' elementwise_affine=False"),
+        Tensor(name="out", dims="*rows hidden", role="output"),
+    ],
+    params=[Param(name="eps", default=1e-6, positive=True, doc="added to mean(x²)")],
+    structure=RowReduce(
+        # mean(x²) as sum · (1/hidden): the same fp32 operations as torch's mean reduction.
+        reductions=[Reduction(stat="rstd", summand=x**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))],
+        conventions=[
+            Convention(name="single_rounding", outputs={"out": x * rstd * weight},
+                       matches="torch.nn.RMSNorm, torch.nn.functional.rms_norm, diffusers RMSNorm"),
+            Convention(name="transformers", outputs={"out": weight * to_io_dtype(x * rstd)},
+                       matches="transformers LlamaRMSNorm / Qwen3RMSNorm: round to x's dtype, then weight ·"),
+        ],
+    ),
+    reference=rmsnorm_ref,
+    layers=[
+        Layer(name="RMSNorm",
+              replaces=["transformers.models.llama.modeling_llama.LlamaRMSNorm",
+                        "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm"],
+              forward_args=["hidden_states"],
+              bind={"x": "hidden_states", "weight": "self.weight", "eps": "self.variance_epsilon"},
+              convention="transformers"),
+    ],
+)
