@@ -136,6 +136,10 @@ def build_project(project: Path, op: str, python_name: str, kernel_name: str, pr
     abi = int(torch.compiled_with_cxx11_abi())
     variant = variant_name()
     name = ops_name(project, python_name, [*NVCC_FLAGS, *gencode(profile), cxx_std, variant])
+    out = project / "build" / variant
+    if (out / f"{name}.abi3.so").is_file():
+        step(f"up to date: {out}")
+        return out
 
     with tempfile.TemporaryDirectory(prefix="kgen-build-") as tmp:
         tmp = Path(tmp)
@@ -169,7 +173,6 @@ def build_project(project: Path, op: str, python_name: str, kernel_name: str, pr
         }, indent=2) + "\n"
         files["ptxas.log"] = ptxas_log
         files[lib] = (tmp / lib).read_bytes()
-        out = project / "build" / variant
         write_tree(files, out)
     step(f"built {out}")
     return out

@@ -154,6 +154,9 @@ class OpSpec(BaseModel):
     structure: RowReduce
     reference: Callable[..., Any]
     layers: list[Layer] = []
+    # Implementations users run today, called like the op (inputs, then params): the benchmark's
+    # peers. The first is also timed under torch.compile.
+    peers: dict[str, Callable[..., Any]] = {}
 
     @model_validator(mode="after")
     def _consistent(self) -> OpSpec:

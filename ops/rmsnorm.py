@@ -1,6 +1,6 @@
 """RMSNorm over the last dim: out = x / sqrt(mean(x²) + eps) · weight.
 
-Order: spec, reference, the real modules it replaces (layers).
+Order: reference, the implementations it replaces, then the spec.
 """
 
 import sympy as sp
@@ -25,6 +25,20 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     return normed if weight is None else normed * weight.double()
 
 
+def llama_rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward as users run it today (eager)."""
+    input_dtype = x.dtype
+    hidden_states = x.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return hidden_states.to(input_dtype) if weight is None else weight * hidden_states.to(input_dtype)
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """PyTorch's fused op."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
 spec = OpSpec(
     name="rmsnorm",
     summary="RMSNorm over the last dim, optional weight, fp32 statistics",
@@ -46,6 +60,7 @@ spec = OpSpec(
         ],
     ),
     reference=rmsnorm_ref,
+    peers={"eager (transformers)": llama_rmsnorm_eager, "F.rms_norm": torch_rms_norm},
     layers=[
         Layer(name="RMSNorm",
               replaces=["transformers.models.llama.modeling_llama.LlamaRMSNorm",

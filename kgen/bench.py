@@ -1,0 +1,152 @@
+"""`kgen bench`: the generated kernel against the implementations users run today, on this GPU.
+
+Method (the standard of BENCHMARKS.md): CUDA events around each run, L2 flushed before each run
+(a 256 MB write), warm-up first, the median of `repeats` runs. Effective bandwidth = minimum
+bytes (each input read once, each output written once) / median time, next to device-to-device
+copies measured in the same process: a 4 GiB-traffic copy (the ceiling) and one of the shape's
+own traffic."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import tomllib
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .catalog import KgenError, arch_names, data_dir, load_profile, load_spec
+
+LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
+L2_FLUSH_BYTES = 256 << 20
+
+
+def suite(op: str) -> list[list[int]]:
+    table = tomllib.loads((data_dir("bench") / "shapes.toml").read_text())
+    if op not in table:
+        raise KgenError(f"bench/shapes.toml has no shapes for {op!r}")
+    return table[op]["shapes"]
+
+
+class Timer:
+    def __init__(self, torch, repeats: int):
+        self.torch, self.repeats = torch, repeats
+        self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def median_us(self, fn) -> float:
+        torch = self.torch
+        for _ in range(5):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        for start, end in zip(starts, ends):
+            self.flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+        return times[len(times) // 2]
+
+    def copy_us(self, traffic_bytes: int) -> float:
+        src = self.torch.empty(max(1, traffic_bytes // 2), dtype=self.torch.uint8, device="cuda")
+        dst = self.torch.empty_like(src)
+        return self.median_us(lambda: dst.copy_(src))
+
+
+def _device_arch(torch) -> str:
+    major, minor = torch.cuda.get_device_capability()
+    usable = [a for a in arch_names() if load_profile(a).capability_number <= major * 10 + minor]
+    if not usable:
+        raise KgenError(f"no arch profile runs on this sm_{major}{minor} GPU")
+    return max(usable, key=lambda a: load_profile(a).capability_number)
+
+
+def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Console,
+              dtype: str = "bfloat16") -> dict:
+    import torch
+
+    from .builder import build_project, load
+    from .render import resolve_target, write_project
+
+    if not torch.cuda.is_available():
+        raise KgenError("kgen bench needs a CUDA device")
+    spec = load_spec(op)
+    arch = _device_arch(torch)
+    target = resolve_target(op, arch)
+    project = write_project(target, build_root)
+    console.print(f"building {target.kernel_name} ...")
+    build_project(project, target.op, target.python_name, target.kernel_name, load_profile(arch))
+    kernel = getattr(load(project), op)
+    torch_dtype = getattr(torch, dtype)
+    torch._dynamo.config.cache_size_limit = 256
+    timer = Timer(torch, repeats)
+    peers = dict(spec.peers)
+    if peers:
+        first = next(iter(peers))
+        peers[f"torch.compile({first})"] = torch.compile(spec.peers[first])
+    large_copy = timer.copy_us(LARGE_COPY_BYTES)
+    ceiling = LARGE_COPY_BYTES / large_copy / 1e3
+    console.print(f"{torch.cuda.get_device_name()}: {LARGE_COPY_BYTES >> 30} GiB-traffic copy "
+                  f"{large_copy:.0f} µs = {ceiling:.0f} GB/s")
+    params = [p.default for p in spec.params]
+    rows_out = []
+    for shape in suite(op):
+        hidden = shape[-1]
+        inputs = [torch.randn(shape, device="cuda").to(torch_dtype) if t.per_row
+                  else torch.randn(hidden, device="cuda").to(torch_dtype) for t in spec.inputs]
+        numel = 1
+        for d in shape:
+            numel *= d
+        elem = inputs[0].element_size()
+        min_bytes = (numel * (len(spec.row_inputs) + len(spec.outputs)) + hidden * len(spec.column_inputs)) * elem
+        same_copy = timer.copy_us(min_bytes)
+        times = {"kgen": timer.median_us(lambda: kernel(*inputs, *params))}
+        for name, fn in peers.items():
+            times[name] = timer.median_us(lambda fn=fn: fn(*inputs, *params))
+        best_peer = min(t for name, t in times.items() if name != "kgen") if peers else None
+        rows_out.append({
+            "shape": shape, "min_bytes": min_bytes, "copy_same_us": same_copy, "times_us": times,
+            "kgen_gbs": min_bytes / times["kgen"] / 1e3,
+            "kgen_pct_large_copy": 100 * min_bytes / times["kgen"] / 1e3 / ceiling,
+            "kgen_pct_same_copy": 100 * same_copy / times["kgen"],
+            "best_peer_over_kgen": best_peer / times["kgen"] if best_peer else None,
+        })
+    result = {
+        "op": op, "dtype": dtype, "device": torch.cuda.get_device_name(), "arch": arch,
+        "torch": torch.__version__, "date": datetime.date.today().isoformat(), "host": platform.node(),
+        "repeats": repeats, "large_copy_us": large_copy, "large_copy_gbs": ceiling, "rows": rows_out,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{op}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{op}.md").write_text(markdown(result))
+    table = Table(title=f"{op} {dtype} on {result['device']} (median µs)")
+    names = list(rows_out[0]["times_us"])
+    for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen"]:
+        table.add_column(col, justify="right")
+    for r in rows_out:
+        table.add_row("×".join(map(str, r["shape"])), f"{r['min_bytes'] / 1e6:.1f}",
+                      *[f"{r['times_us'][n]:.1f}" for n in names], f"{r['kgen_gbs']:.0f}",
+                      f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
+                      f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-")
+    console.print(table)
+    return result
+
+
+def markdown(result: dict) -> str:
+    names = list(result["rows"][0]["times_us"])
+    lines = [f"{result['op']}, {result['dtype']}, {result['device']} ({result['arch']}), torch {result['torch']}, "
+             f"{result['date']}; median of {result['repeats']} runs, L2 flushed; "
+             f"4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = {result['large_copy_gbs']:.0f} GB/s.",
+             "",
+             "| shape | MB moved | " + " | ".join(f"{n} µs" for n in names)
+             + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen |",
+             "|---" * (len(names) + 6) + "|"]
+    for r in result["rows"]:
+        ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
+        lines.append(f"| {'×'.join(map(str, r['shape']))} | {r['min_bytes'] / 1e6:.1f} | "
+                     + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
+                     + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} |")
+    return "\n".join(lines) + "\n"

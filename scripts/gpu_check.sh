@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU half of verification, on a CUDA machine: the `gpu` test suite, then `kgen bench`.
+# Logs and results go to $OUT (default ./gpu-out). Wheels for packages the machine lacks may
+# be put in .whl/ (installed to /tmp/site, first on PYTHONPATH).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export KGEN_TEST_BUILD_ROOT=${KGEN_TEST_BUILD_ROOT:-/tmp/kgen-build}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' | tee -a "$OUT/device.txt"
+status=0
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest tests -m gpu -p no:cacheprovider -q -rA --junitxml="$OUT/gpu-junit.xml" ${PYTEST_ARGS:-} \
+    2>&1 | tee "$OUT/gpu-tests.log" | grep -Ev "^(PASSED|SKIPPED) " || true
+  status=${PIPESTATUS[0]}
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  for op in ${BENCH_OPS:-rmsnorm}; do
+    python3 -m kgen bench "$op" --out "$OUT" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$OUT/bench-$op.log"
+  done
+fi
+exit $status
