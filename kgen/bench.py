@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .catalog import KgenError, arch_names, data_dir, load_profile, load_spec
+from .catalog import KgenError, data_dir, load_profile, load_spec
 
 LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
@@ -56,25 +56,17 @@ class Timer:
         return self.median_us(lambda: dst.copy_(src))
 
 
-def _device_arch(torch) -> str:
-    major, minor = torch.cuda.get_device_capability()
-    usable = [a for a in arch_names() if load_profile(a).capability_number <= major * 10 + minor]
-    if not usable:
-        raise KgenError(f"no arch profile runs on this sm_{major}{minor} GPU")
-    return max(usable, key=lambda a: load_profile(a).capability_number)
-
-
 def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Console,
               dtype: str = "bfloat16") -> dict:
     import torch
 
-    from .builder import build_project, load
+    from .builder import build_project, device_arch, load
     from .render import resolve_target, write_project
 
     if not torch.cuda.is_available():
         raise KgenError("kgen bench needs a CUDA device")
     spec = load_spec(op)
-    arch = _device_arch(torch)
+    arch = device_arch()
     target = resolve_target(op, arch)
     project = write_project(target, build_root)
     console.print(f"building {target.kernel_name} ...")

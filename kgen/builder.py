@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .catalog import KgenError
+from .catalog import KgenError, arch_names, load_profile
 from .profile import ArchProfile
 from .render import render_local_files, write_tree
 
@@ -176,6 +176,17 @@ def build_project(project: Path, op: str, python_name: str, kernel_name: str, pr
         write_tree(files, out)
     step(f"built {out}")
     return out
+
+
+def device_arch() -> str:
+    """The newest arch profile the current CUDA device can run (sm_90 on an H100 or H200)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    usable = [a for a in arch_names() if load_profile(a).capability_number <= major * 10 + minor]
+    if not usable:
+        raise KgenError(f"no arch profile runs on this sm_{major}{minor} GPU")
+    return max(usable, key=lambda a: load_profile(a).capability_number)
 
 
 def load(project: Path):

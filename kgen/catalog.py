@@ -47,13 +47,20 @@ def arch_names() -> list[str]:
 
 
 def _format(err: ValidationError) -> str:
+    """One line per error: Model.field.path: what is expected (got what)."""
     lines = []
     for e in err.errors():
-        where = ".".join(str(part) for part in e["loc"]) or "(spec)"
+        where = ".".join([err.title, *(str(part) for part in e["loc"])])
         got = e.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         lines.append(f"  {where}: {e['msg']}{shown}")
     return "\n".join(lines)
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
 
 
 @cache
@@ -71,7 +78,10 @@ def load_spec(name: str) -> OpSpec:
     try:
         loader_spec.loader.exec_module(module)
     except ValidationError as err:
-        raise KgenError(f"spec {name!r} ({path}) is invalid:\n{_format(err)}") from None
+        line = next((tb.tb_lineno for tb in _frames(err.__traceback__)
+                     if Path(tb.tb_frame.f_code.co_filename) == path), None)
+        where = f"{path}:{line}" if line else str(path)
+        raise KgenError(f"spec {name!r} ({where}) is invalid:\n{_format(err)}") from None
     spec = getattr(module, "spec", None)
     if not isinstance(spec, OpSpec):
         raise KgenError(f"spec {name!r} ({path}) must define `spec = OpSpec(...)`")

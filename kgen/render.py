@@ -5,6 +5,8 @@ atomically. Templates only place what this module computed; they do no math."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import inspect
 import os
 import shutil
@@ -200,30 +202,49 @@ def render_local_files(ops_name: str) -> dict[str, str]:
 
 
 def write_tree(files: dict[str, str | bytes], out_dir: Path, keep: tuple[str, ...] = ()) -> None:
-    """Writes ``files`` as the whole content of ``out_dir``, atomically: they are written to a
-    sibling temporary folder that replaces ``out_dir`` only once complete. Entries named in
-    ``keep`` (e.g. a previous build/) are carried over."""
+    """Writes ``files`` as the whole content of ``out_dir``, atomically: they go to a sibling
+    temporary folder that replaces ``out_dir`` only once complete, under a lock on the parent
+    folder so concurrent writers of the same output take turns. Entries named in ``keep``
+    (e.g. a previous build/) are carried over."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new.", dir=out_dir.parent))
     try:
         for rel, text in files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        for name in keep:
-            if (out_dir / name).exists():
+        with _locked(out_dir.parent):
+            if not out_dir.exists():
+                os.replace(staging, out_dir)
+                return
+            kept = [name for name in keep if (out_dir / name).exists()]
+            for name in kept:
                 os.replace(out_dir / name, staging / name)
-        if out_dir.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            os.replace(out_dir, trash / "old")
-            os.replace(staging, out_dir)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(staging, out_dir)
-    except BaseException:
+            old = staging.with_name(staging.name.replace(".new.", ".old."))
+            try:
+                os.replace(out_dir, old)
+                os.replace(staging, out_dir)
+            except BaseException:
+                if old.exists() and not out_dir.exists():
+                    os.replace(old, out_dir)
+                for name in kept:
+                    if (staging / name).exists():
+                        os.replace(staging / name, out_dir / name)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_project(target: Target, out_root: Path) -> Path:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kgen.builder import build_project, load
-from kgen.catalog import arch_names, load_profile
+from kgen.builder import build_project, device_arch, load
+from kgen.catalog import load_profile
 from kgen.render import resolve_target, write_project
 
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
@@ -33,13 +33,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         if "toolchain" in item.keywords and missing and not REQUIRE_TOOLCHAIN:
             item.add_marker(pytest.mark.skip(reason=missing))
-
-
-def device_arch() -> str:
-    """The newest arch profile this GPU can run (sm_90 on an H100/H200)."""
-    major, minor = torch.cuda.get_device_capability()
-    usable = [a for a in arch_names() if load_profile(a).capability_number <= major * 10 + minor]
-    return max(usable, key=lambda a: load_profile(a).capability_number)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,66 @@
+"""The command line as a user meets it: output, progress, and errors without tracebacks."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from kgen.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args), env={"COLUMNS": "250"})
+
+
+def test_list():
+    result = run("list")
+    assert result.exit_code == 0
+    for word in ("rmsnorm", "single_rounding, transformers", "RMSNorm", "sm_75", "Tesla T4", "4800 GB/s"):
+        assert word in result.output
+
+
+def test_explain_prints_every_choice_and_the_roofline():
+    result = run("explain", "rmsnorm", "--arch", "sm_90", "--dtype", "bf16", "--shape", "8192x4096")
+    assert result.exit_code == 0, result.output
+    for word in ("16 B (8 elements)", "threads per row", "128", "rows per block", "warp shuffle + one shared-memory exchange",
+                 "registers", "4096 blocks", "134.23 MB", "roofline on H200 SXM (4800 GB/s): 28.0 µs",
+                 "planner.threads_per_row"):
+        assert word in result.output, word
+
+
+def test_explain_three_dim_shape_and_odd_hidden():
+    result = run("explain", "rmsnorm", "--arch", "sm_80", "--dtype", "fp16", "--shape", "2x4096x3071")
+    assert result.exit_code == 0, result.output
+    assert "2 B (1 elements)" in result.output and "8192 rows" in result.output
+
+
+def test_user_errors_exit_2_with_a_message():
+    cases = [
+        (("explain", "rmsnorm", "--arch", "sm_75", "--dtype", "bf16"), "sm_75 (Tesla T4) has no bfloat16 arithmetic"),
+        (("build", "rmsnorm", "--arch", "sm_75", "--dtype", "bfloat16"), "has no bfloat16 arithmetic"),
+        (("explain", "rmsnorm", "--shape", "8192xabc"), "--shape must look like 8192x4096"),
+        (("explain", "layernorm2"), "unknown op 'layernorm2'"),
+        (("build", "rmsnorm", "--arch", "sm_100"), "unknown arch 'sm_100'"),
+        (("build",), "give an op name or --all"),
+        (("explain", "rmsnorm", "--dtype", "int8"), "unknown dtype 'int8'"),
+    ]
+    for args, message in cases:
+        result = run(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+
+
+def test_build_all_writes_every_project_with_progress(tmp_path):
+    result = run("build", "--all", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rmsnorm-sm75", "rmsnorm-sm80", "rmsnorm-sm90"]
+    assert "wrote" in result.output and "3/3" in result.output
+
+
+def test_build_one_with_dtype(tmp_path):
+    result = run("build", "rmsnorm", "--arch", "sm_75", "--dtype", "float16", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    cu = (tmp_path / "rmsnorm-sm75" / "rmsnorm_cuda" / "rmsnorm.cu").read_text()
+    assert "dtypes: float16\n" in cu and "__nv_bfloat16 from_float" in cu and "launch_bfloat16" not in cu

@@ -1,0 +1,32 @@
+"""Spec math printed as CUDA by sympy: fp32 functions, intrinsics, CSE."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from kgen.codegen import statements
+from kgen.dsl import to_io_dtype
+
+x, w, s, eps = sp.symbols("x w s eps")
+
+
+def test_fp32_functions_and_intrinsics():
+    lines = statements({"a": 1 / sp.sqrt(s + eps), "b": x**2, "c": sp.exp(x) * sp.Rational(1, 2),
+                        "d": sp.erf(x) + sp.tanh(x), "e": sp.sqrt(x)}, {})
+    assert "a = rsqrtf(eps + s);" in lines
+    assert "b = (x*x);" in lines
+    assert "c = (1.0F/2.0F)*expf(x);" in lines
+    assert "d = tanhf(x) + erff(x);" in lines
+    assert "e = sqrtf(x);" in lines
+
+
+def test_names_and_io_rounding():
+    lines = statements({"out": w * to_io_dtype(x * s)}, {"s": "stats.rstd", "w": "weight"})
+    assert lines == ["out = weight*round_to_io<T>(stats.rstd*x);"]
+
+
+def test_common_subexpressions_are_shared():
+    shared = 1 / sp.sqrt(s * s + eps)
+    lines = statements({"a": x * shared, "b": w * shared}, {})
+    assert lines[0].startswith("const float t0 = ")
+    assert lines[1:] == ["a = t0*x;", "b = t0*w;"]

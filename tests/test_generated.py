@@ -1,0 +1,119 @@
+"""generated/ is the committed output of `kgen build --all` (reviewers see what a change does to
+emitted code); the projects follow the Kernel Hub rules; builds are deterministic and atomic."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import kgen.render as render
+from kgen.catalog import arch_names, op_names
+from kgen.render import render_project, resolve_target, write_project
+
+GENERATED = Path(__file__).resolve().parents[1] / "generated"
+TARGETS = [resolve_target(op, arch) for op in op_names() for arch in arch_names()]
+KERNEL_NAME = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")  # kernel-builder's general.name rule
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "build" not in p.relative_to(root).parts}
+
+
+def test_generated_matches_a_fresh_build(tmp_path):
+    for target in TARGETS:
+        write_project(target, tmp_path)
+    fresh, committed = tree(tmp_path), tree(GENERATED)
+    assert sorted(fresh) == sorted(committed), "run `kgen build --all` and commit generated/"
+    stale = [path for path in fresh if fresh[path] != committed[path]]
+    assert not stale, f"generated/ is stale in {stale}: run `kgen build --all` and commit it"
+
+
+def test_byte_identical_twice():
+    for target in TARGETS:
+        assert render_project(target) == render_project(target)
+
+
+def test_failed_build_leaves_the_existing_project(tmp_path, monkeypatch):
+    target = TARGETS[0]
+    project = write_project(target, tmp_path)
+    before = tree(project)
+
+    def explode(_):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(render, "render_project", explode)
+    with pytest.raises(RuntimeError):
+        write_project(target, tmp_path)
+    assert tree(project) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [project.name], "no temporary folders left"
+
+
+def test_failed_write_cleans_up(tmp_path, monkeypatch):
+    files = {"a.txt": "a", "b/c.txt": "c"}
+    render.write_tree(files, tmp_path / "proj")
+    monkeypatch.setattr(render.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("no")))
+    with pytest.raises(OSError):
+        render.write_tree({"new.txt": "n"}, tmp_path / "proj")
+    assert tree(tmp_path / "proj") == {"a.txt": b"a", "b/c.txt": b"c"}
+    assert [p.name for p in tmp_path.iterdir()] == ["proj"]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.kernel_name)
+def test_hub_rules(target):
+    files = render_project(target)
+    assert KERNEL_NAME.match(target.kernel_name)
+    config = tomllib.loads(files["build.toml"])
+    general = config["general"]
+    assert general == {"name": target.kernel_name, "version": 1, "edition": 5, "license": "apache-2.0",
+                       "backends": ["cuda"]}
+    assert set(config["torch"]["src"]) <= set(files)
+    (kernel,) = config["kernel"].values()
+    assert set(kernel) == {"backend", "src", "depends", "cuda-capabilities"}
+    assert set(kernel["src"]) <= set(files) and kernel["backend"] == "cuda"
+    assert kernel["cuda-capabilities"] == [render.load_profile(target.arch).compute_capability]
+    pkg = f"torch-ext/{target.python_name}"
+    assert f"{pkg}/__init__.py" in files and f"{pkg}/layers.py" in files
+    assert not any(p.endswith(("registration.h", "_ops.py")) for p in files), "kernel-builder generates these"
+    for path, text in files.items():
+        assert "pybind11" not in text and "torch/extension.h" not in text, path
+    binding = files["torch-ext/torch_binding.cpp"]
+    assert "TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops)" in binding
+    assert "REGISTER_EXTENSION(TORCH_EXTENSION_NAME)" in binding
+    assert not re.search(r"TORCH_LIBRARY(_IMPL)?\(", binding), "no hard-coded op namespace"
+    assert '#include "registration.h"' in binding
+    for path in (f"{pkg}/__init__.py", f"{pkg}/layers.py"):
+        check_python_rules(files[path], target.python_name)
+    assert files["CARD.md"].startswith("---\nlibrary_name: kernels\nlicense: apache-2.0\n---\n")
+    assert "kernel-builder.lib.genKernelFlakeOutputs" in files["flake.nix"]
+
+
+def check_python_rules(source: str, python_name: str) -> None:
+    tree_ = ast.parse(source)
+    for node in ast.walk(tree_):
+        if isinstance(node, ast.Import):
+            assert all(a.name.split(".")[0] in {"torch", "typing"} for a in node.names), ast.unparse(node)
+        if isinstance(node, ast.ImportFrom):
+            assert node.level >= 1 or node.module.split(".")[0] in {"torch", "typing"}, ast.unparse(node)
+            assert node.module is None or python_name not in node.module, "no absolute self-imports"
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.library.register_fake":
+            first = node.args[0]
+            assert isinstance(first, ast.Call) and ast.unparse(first.func) == "add_op_namespace_prefix"
+        if isinstance(node, ast.ClassDef):  # `kernels` layer rules
+            members = {n.name if isinstance(n, ast.FunctionDef) else ast.unparse(n.target)
+                       for n in node.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+            assert members == {"forward", "can_torch_compile", "has_backward"}, members
+
+
+def test_concurrent_writers_do_not_corrupt(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = TARGETS[0]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: write_project(target, tmp_path), range(16)))
+    assert tree(tmp_path / target.kernel_name) == {k: v.encode() for k, v in render_project(target).items()}
+    assert [p.name for p in tmp_path.iterdir()] == [target.kernel_name]

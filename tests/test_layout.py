@@ -1,0 +1,46 @@
+"""The rooms of kgen and their one-way arrows (spec -> plan -> render -> package -> build),
+and the line budget that keeps kgen/ small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+KGEN = Path(__file__).resolve().parents[1] / "kgen"
+LINE_BUDGET = 1600
+
+# module -> the kgen modules it may import
+ALLOWED = {
+    "dsl": set(), "profile": set(), "codegen": set(),
+    "catalog": {"dsl", "profile"},
+    "planner": {"catalog", "dsl", "profile"},
+    "render": {"__init__", "catalog", "codegen", "planner", "profile"},
+    "builder": {"catalog", "profile", "render"},
+    "bench": {"catalog", "builder", "render"},
+    "cli": {"catalog", "render", "planner", "builder", "bench"},
+    "__main__": {"cli"}, "__init__": set(),
+}
+
+
+def kgen_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.add(node.module or "__init__")
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("kgen"):
+            found.add(node.module.split(".", 1)[1] if "." in node.module else "__init__")
+    return found
+
+
+def test_arrows_point_one_way():
+    modules = {p.stem: p for p in KGEN.glob("*.py")}
+    assert set(modules) == set(ALLOWED), "a new module needs its place in ALLOWED"
+    for name, path in modules.items():
+        extra = kgen_imports(path) - ALLOWED[name]
+        assert not extra, f"kgen/{name}.py imports {sorted(extra)}: that arrow points the wrong way"
+
+
+def test_line_budget():
+    lines = sum(len(p.read_text().splitlines()) for p in KGEN.glob("*.py"))
+    assert lines <= LINE_BUDGET, f"kgen/ has {lines} lines, over its budget of {LINE_BUDGET}"
+

@@ -1,0 +1,76 @@
+"""Planner decisions per arch, dtype and hidden size (table-driven), and the limits every
+compiled configuration must respect on its profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from kgen.catalog import KgenError, arch_names, load_profile, load_spec
+from kgen.planner import DTYPE_BYTES, plan_kernel, plan_launch
+
+SPEC = load_spec("rmsnorm")
+
+# arch, dtype, hidden -> bytes per access, threads/row, rows/block, storage, reduction
+TABLE = [
+    ("sm_90", "bfloat16", 128, 16, 16, 16, "registers", "warp shuffle"),
+    ("sm_90", "bfloat16", 64, 16, 8, 32, "registers", "warp shuffle"),
+    ("sm_90", "bfloat16", 2048, 16, 32, 8, "registers", "warp shuffle"),
+    ("sm_90", "bfloat16", 4096, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "float32", 4096, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "bfloat16", 32768, 16, 512, 1, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "bfloat16", 65536, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "float32", 65536, 16, 512, 1, "global", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "bfloat16", 4095, 2, 128, 2, "global", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "float16", 1, 2, 8, 32, "global", "warp shuffle"),
+    ("sm_80", "float32", 32768, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
+    ("sm_80", "float16", 65536, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
+    ("sm_75", "float16", 65536, 16, 512, 1, "global", "warp shuffle + one shared-memory exchange"),
+    ("sm_75", "float16", 4096, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
+]
+
+
+@pytest.mark.parametrize("arch,dtype,hidden,access,threads,rows,storage,reduction", TABLE)
+def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reduction):
+    plan = plan_launch(SPEC, load_profile(arch), dtype, rows=1000, hidden=hidden)
+    b = plan.bucket
+    got = (b.elems_per_access * DTYPE_BYTES[dtype], b.threads_per_row, b.rows_per_block, b.storage, b.reduction)
+    assert got == (access, threads, rows, storage, reduction)
+    assert plan.grid == -(-1000 // rows)
+    assert plan.shared_bytes == (hidden * DTYPE_BYTES[dtype] if storage == "shared" else 0)
+    assert all(b.reasons.get(k) for k in ("threads_per_row", "rows_per_block", "storage"))
+
+
+def test_roofline():
+    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=8192, hidden=4096)
+    assert plan.min_bytes == 2 * (2 * 8192 * 4096) + 2 * 4096  # x read, out written, weight read
+    assert plan.roofline_us(4800) == pytest.approx(plan.min_bytes / 4.8e12 * 1e6)  # 28 µs
+
+
+@pytest.mark.parametrize("arch", arch_names())
+def test_every_configuration_fits_its_profile(arch):
+    profile = load_profile(arch)
+    for dtype in profile.dtypes:
+        plan = plan_kernel(SPEC, profile, dtype)
+        assert plan.buckets[-1].max_row_bytes is None, "some configuration must take any hidden size"
+        for b in plan.buckets:
+            assert b.block_threads <= profile.max_threads_per_block
+            assert b.block_threads % profile.warp_size == 0, "full-warp shuffles need whole warps"
+            assert b.threads_per_row & (b.threads_per_row - 1) == 0
+            if b.storage == "registers":
+                held = b.max_accesses_per_thread * b.elems_per_access * DTYPE_BYTES[dtype]
+                assert held <= profile.planner.row_register_bytes_per_thread
+                assert b.threads_per_row * held >= b.max_row_bytes, "the bucket's rows must fit"
+            if b.storage == "shared":
+                assert b.max_row_bytes <= profile.max_shared_memory_per_block
+
+
+def test_bf16_refused_on_turing():
+    with pytest.raises(KgenError, match=r"sm_75 \(Tesla T4\) has no bfloat16 arithmetic .*supported dtypes: float32, float16"):
+        plan_kernel(SPEC, load_profile("sm_75"), "bfloat16")
+
+
+def test_unknown_dtype_and_bad_shape():
+    with pytest.raises(KgenError, match="unknown dtype 'int8'"):
+        plan_kernel(SPEC, load_profile("sm_90"), "int8")
+    with pytest.raises(KgenError, match="rows >= 1 and hidden >= 1"):
+        plan_launch(SPEC, load_profile("sm_90"), "float16", rows=0, hidden=8)

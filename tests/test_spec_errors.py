@@ -1,0 +1,113 @@
+"""A malformed spec fails at load with the spec, the field and what is expected (Halide-style:
+every bad program has its message)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from kgen.catalog import KgenError, load_spec
+
+GOOD = {
+    "name": '"bad"',
+    "tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="weight", dims="hidden", optional=True, '
+               'absent_value=1.0), Tensor(name="out", dims="*rows hidden", role="output")]',
+    "params": '[Param(name="eps", default=1e-6, positive=True)]',
+    "reductions": '[Reduction(stat="rstd", summand=x**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))]',
+    "conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * weight})]',
+    "layers": '[]',
+}
+
+TEMPLATE = """
+import sympy as sp
+from kgen.dsl import *
+x, y, weight, eps, rstd = sp.symbols("x y weight eps rstd")
+def ref(x, weight=None, eps=1e-6, convention="plain"):
+    return x
+spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={params},
+              structure=RowReduce(reductions={reductions}, conventions={conventions}),
+              reference=ref, layers={layers})
+"""
+
+CASES = [
+    ({"name": '"Bad-Op"'}, ["OpSpec.name: String should match pattern"]),
+    ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
+     ["Tensor.dims: Value error, dims must be '*rows hidden' or 'hidden', got 'rows d'"]),
+    ({"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
+     ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"]),
+    ({"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
+     ["Reduction.summand: Value error, expected a sympy expression, got str"]),
+    ({"reductions": '[Reduction(stat="rstd", summand=sp.sin(x), finalize=row_sum)]'},
+     ["structure.reductions.0.summand: functions ['sin'] have no CUDA printing"]),
+    ({"reductions": '[Reduction(stat="rstd", summand=weight, finalize=row_sum)]'},
+     ["structure.reductions.0.summand: unknown symbols ['weight']"]),
+    ({"tensors": GOOD["tensors"].replace(", absent_value=1.0", "")},
+     ["optional tensor 'weight' needs absent_value"]),
+    ({"tensors": GOOD["tensors"].replace('name="x"', 'name="inp"')},
+     ["first '*rows hidden' input must be named 'x'"]),
+    ({"conventions": '[Convention(name="plain", matches="-", outputs={"y": x})]'},
+     ["structure.conventions.0.outputs: expected one expression for each of ['out'], got ['y']"]),
+    ({"conventions": '[]'}, ["RowReduce.conventions: List should have at least 1 item"]),
+    ({"tensors": GOOD["tensors"].replace('role="output"', 'role="result"')},
+     ["Tensor.role: Input should be 'input' or 'output'"]),
+    ({"params": '[Param(name="eps", default=1e-6, positive=True, unit="s")]'},
+     ["Param.unit: Extra inputs are not permitted"]),
+    ({"params": '[Param(name="rstd", default=1.0)]'},
+     ["names must be unique across tensors, params and stats; repeated: ['rstd']"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
+                'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'},
+     ["Layer.bind: Value error, bind['weight'] must be a forward argument or 'self.<attribute>', got 'self.weight; import os'"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="fast", '
+                'bind={"x": "h", "weight": "self.weight"})]'},
+     ["layers.0.convention: 'fast' is not one of ['plain']"]),
+    ({"layers": '[Layer(name="rms_norm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
+                'bind={"x": "h", "weight": "self.weight"})]'},
+     ["Layer.name: String should match pattern"]),
+]
+
+
+@pytest.fixture
+def ops_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_OPS_PATH", str(tmp_path))
+    load_spec.cache_clear()
+    yield tmp_path
+    load_spec.cache_clear()
+
+
+def write_spec(folder, file="bad", **overrides):
+    fields = GOOD | overrides
+    (folder / f"{file}.py").write_text(textwrap.dedent(TEMPLATE.format(**fields)))
+
+
+def test_the_good_spec_loads(ops_dir):
+    write_spec(ops_dir)
+    assert load_spec("bad").default_convention == "plain"
+
+
+@pytest.mark.parametrize("overrides,fragments", CASES, ids=[f[0].split(":")[0] for _, f in CASES])
+def test_bad_spec_message(ops_dir, overrides, fragments):
+    write_spec(ops_dir, **overrides)
+    with pytest.raises(KgenError) as info:
+        load_spec("bad")
+    message = str(info.value)
+    assert message.startswith(f"spec 'bad' ({ops_dir / 'bad.py'}:")  # with the line number
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_module_without_spec(ops_dir):
+    (ops_dir / "bad.py").write_text("x = 1\n")
+    with pytest.raises(KgenError, match=r"must define `spec = OpSpec\(...\)`"):
+        load_spec("bad")
+
+
+def test_name_must_match_file(ops_dir):
+    write_spec(ops_dir, file="other")
+    with pytest.raises(KgenError, match="name 'bad' must equal the file name 'other'"):
+        load_spec("other")
+
+
+def test_unknown_op_lists_known_ones(ops_dir):
+    with pytest.raises(KgenError, match=r"unknown op 'nope'; known ops: .*rmsnorm"):
+        load_spec("nope")

@@ -1,0 +1,124 @@
+"""Without a GPU: nvcc compiles every emitted kernel for its arch with no spills and no local
+memory (read from `-Xptxas -v`); the bindings compile and link against a CUDA build of torch,
+and `kernels` loads the result (op registration, fake kernels and argument checks all run on
+the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from kgen.builder import compile_kernel, load, ops_name, parse_ptxas, variant_name
+from kgen.catalog import arch_names, load_profile, op_names
+from kgen.render import resolve_target, write_project
+
+pytestmark = pytest.mark.toolchain
+TARGETS = [resolve_target(op, arch) for op in op_names() for arch in arch_names()]
+
+
+def test_ptxas_report_parser():
+    log = """ptxas info    : Compiling entry function '_Z6kernelv' for 'sm_90'
+ptxas info    : Function properties for _Z6kernelv
+    16 bytes stack frame, 24 bytes spill stores, 40 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 16 bytes cumulative stack size"""
+    (entry,) = parse_ptxas(log)
+    assert (entry.function, entry.registers, entry.stack_frame, entry.spill_stores, entry.spill_loads) == \
+        ("_Z6kernelv", 40, 16, 24, 40)
+
+
+def test_every_kernel_compiles_without_spills_or_local_memory(tmp_path):
+    def compile_one(target):
+        project = write_project(target, tmp_path)
+        log = compile_kernel(project, target.op, load_profile(target.arch), tmp_path / f"{target.kernel_name}.o")
+        return target, parse_ptxas(log)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(compile_one, TARGETS))
+    for target, entries in results:
+        # one kernel per (dtype, convention, configuration) that the launcher can pick
+        assert len(entries) >= 2 * len(target.dtypes) * 10, f"{target.kernel_name}: {len(entries)} kernels"
+        bad = [e for e in entries if e.stack_frame or e.spill_stores or e.spill_loads]
+        assert not bad, f"{target.kernel_name}: local memory in {bad[:3]}"
+
+
+@pytest.fixture(scope="module")
+def cpu_built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpu-build")
+    from kgen.builder import build_project
+
+    target = resolve_target("rmsnorm", "sm_90")
+    project = write_project(target, root)
+    build_project(project, target.op, target.python_name, target.kernel_name, load_profile("sm_90"))
+    return target, project
+
+
+def test_build_variant_layout(cpu_built):
+    target, project = cpu_built
+    variant = project / "build" / variant_name()
+    files = sorted(p.name for p in variant.iterdir())
+    metadata = json.loads((variant / "metadata.json").read_text())
+    lib = f"{metadata['id']}.abi3.so"
+    assert files == sorted(["__init__.py", "layers.py", "_ops.py", "metadata.json", "ptxas.log", lib])
+    assert metadata["name"] == target.kernel_name and metadata["backend"] == {"type": "cuda", "archs": ["9.0"]}
+    assert metadata["id"].startswith(f"_{target.python_name}_cuda_")
+    assert f"ops = torch.ops.{metadata['id']}" in (variant / "_ops.py").read_text()
+
+
+def test_loads_through_kernels_on_cpu(cpu_built):
+    _, project = cpu_built
+    kernel = load(project)
+    with pytest.raises(ValueError, match="rmsnorm: x must be a CUDA tensor, got a tensor on cpu"):
+        kernel.rmsnorm(torch.randn(2, 8))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # the registered fake kernels, as torch.compile uses them
+        x = torch.empty(2, 3, 64, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(64, device="cuda", dtype=torch.bfloat16)
+        for convention in kernel.CONVENTIONS:
+            out = kernel.rmsnorm(x, w, convention=convention)
+            assert out.shape == x.shape and out.dtype == x.dtype
+        with pytest.raises(Exception, match="weight must have shape"):
+            kernel.rmsnorm(x, torch.empty(63, device="cuda", dtype=torch.bfloat16))
+
+
+def test_layers_follow_kernels_rules(cpu_built):
+    from kernels.layer.layer import _validate_layer
+
+    _, project = cpu_built
+    kernel = load(project)
+
+    class LlamaRMSNorm(torch.nn.Module):  # transformers' forward signature
+        def forward(self, hidden_states):
+            return hidden_states
+
+    _validate_layer(check_cls=LlamaRMSNorm, cls=kernel.layers.RMSNorm, repo="kgen")
+
+
+def test_local_kernels_env(cpu_built, monkeypatch):
+    import kernels
+    import kernels.load as kernels_load
+
+    _, project = cpu_built
+    monkeypatch.setenv("LOCAL_KERNELS", f"kgen/rmsnorm-sm90={project}")
+    kernels_load._parse_local_kernel_overrides.cache_clear()
+    module = kernels.get_kernel("kgen/rmsnorm-sm90", version=1)
+    assert hasattr(module, "rmsnorm") and hasattr(module.layers, "RMSNorm")
+
+
+def test_changed_source_gets_a_new_library(cpu_built, tmp_path):
+    """A rebuilt spec never reuses a stale library: the ops name hashes every source."""
+    target, project = cpu_built
+    flags = ["-O3"]
+    before = ops_name(project, target.python_name, flags)
+    write_project(target, tmp_path)
+    moved = tmp_path / target.kernel_name
+    assert ops_name(moved, target.python_name, flags) == before
+    cu = moved / "rmsnorm_cuda" / "rmsnorm.cu"
+    cu.write_text(cu.read_text() + "\n// changed\n")
+    assert ops_name(moved, target.python_name, flags) != before
+    assert ops_name(moved, target.python_name, ["-O2"]) != ops_name(moved, target.python_name, flags)
