@@ -131,12 +131,15 @@ def explain(
         table.add_column(col)
     table.add_row("accesses", f"{b.elems_per_access * plan.kernel.elem_bytes} B ({b.elems_per_access} elements)",
                   plan.vector_reason + "; " + plan.kernel.notes["vector path" if b.vectorized else "scalar path"])
-    table.add_row("threads per row", str(b.threads_per_row), b.reasons["threads_per_row"])
+    table.add_row("threads per row", str(b.threads_per_row), plan.widened or b.reasons["threads_per_row"])
     table.add_row("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"])
     table.add_row("block", f"{b.block_threads} threads", "threads per row × rows per block")
     table.add_row("reduction", b.reduction, "threads per row <= warp size (32)" if b.threads_per_row <= 32
                   else f"{b.threads_per_row // 32} warps per row exchange partial sums once")
     table.add_row("row lives in", b.storage, b.reasons["storage"])
+    if "columns" in b.reasons:
+        table.add_row("weight", "with the row" if b.columns_in_registers else "after the reduction",
+                      b.reasons["columns"])
     table.add_row("clusters", "no", plan.kernel.notes["clusters"])
     table.add_row("grid", f"{plan.grid} blocks", f"ceil({rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
                   f"({plan.grid / profile.sm_count:.1f} blocks per SM)")

@@ -25,6 +25,7 @@ class Bucket:
     rows_per_block: int
     max_accesses_per_thread: int  # the register array length (registers storage only)
     storage: str  # "registers" | "shared" | "global"
+    columns_in_registers: bool  # per-column inputs loaded with the row (else re-read in the epilogue)
     reasons: dict[str, str] = field(compare=False, hash=False)
 
     @property
@@ -66,7 +67,7 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     facts = profile.planner
     buckets = []
     for elems_per_access in (VECTOR_BYTES // elem, 1):
-        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_inputs))
+        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_inputs), len(spec.column_inputs))
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when x, weight and out "
                        f"are {VECTOR_BYTES}-byte aligned and hidden and row strides are multiples of "
@@ -89,7 +90,8 @@ def _largest_on_chip(profile: ArchProfile) -> int:
 _SCRATCH_BYTES = 4 * 1024  # reserved for the per-warp partial sums of the reductions
 
 
-def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs: int) -> list[Bucket]:
+def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs: int,
+             column_inputs: int) -> list[Bucket]:
     facts = profile.planner
     access_bytes = elem * elems_per_access
     out = []
@@ -101,30 +103,38 @@ def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs:
             "rows_per_block": (f"{rows_per_block}: {facts.block_threads} threads per block / {threads} per row"
                                if rows_per_block > 1 else "1: a row needs the whole block"),
         }
+        columns = False
         if elems_per_access > 1:
             accesses = -(-step.max_row_bytes // (access_bytes * threads))
-            reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the "
-                                  f"{facts.row_register_bytes_per_thread} B budget (profile "
-                                  "planner.row_register_bytes_per_thread): one read, one write")
+            budget = facts.row_register_bytes_per_thread
+            reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the {budget} B "
+                                  "budget (profile planner.row_register_bytes_per_thread): one read, one write")
             storage = "registers"
+            held = (row_inputs + column_inputs) * accesses * access_bytes
+            columns = column_inputs > 0 and held <= budget
+            if column_inputs:
+                reasons["columns"] = (f"loaded with the row: {held} B per thread with them fits the {budget} B budget"
+                                      if columns else f"re-read after the reduction (L1/L2 hits): {held} B per thread "
+                                      f"with them would exceed the {budget} B budget")
         else:
             accesses = 1
             reasons["storage"] = "global: scalar path re-reads the row (from L2) instead of caching it"
             storage = "global"
-        out.append(Bucket(step.max_row_bytes, elems_per_access, threads, rows_per_block, accesses, storage, reasons))
+        out.append(Bucket(step.max_row_bytes, elems_per_access, threads, rows_per_block, accesses, storage,
+                          columns, reasons))
 
     threads = facts.threads_per_row[-1].threads
     largest_in_registers = threads * facts.row_register_bytes_per_thread
     shared_limit = (profile.max_shared_memory_per_block - _SCRATCH_BYTES) // row_inputs
     if elems_per_access > 1 and shared_limit > largest_in_registers:
-        out.append(Bucket(shared_limit, elems_per_access, threads, 1, 1, "shared", {
+        out.append(Bucket(shared_limit, elems_per_access, threads, 1, 1, "shared", False, {
             "threads_per_row": f"{threads}: the longest ladder step",
             "rows_per_block": "1: a row needs the whole block",
             "storage": (f"shared memory: beyond {largest_in_registers // 1024} KB in registers, up to the "
                         f"profile's {profile.max_shared_memory_per_block // 1024} KB per block less "
                         f"{_SCRATCH_BYTES // 1024} KB scratch: one read, one write"),
         }))
-    out.append(Bucket(None, elems_per_access, threads, 1, 1, "global", {
+    out.append(Bucket(None, elems_per_access, threads, 1, 1, "global", False, {
         "threads_per_row": f"{threads}: the longest ladder step",
         "rows_per_block": "1: a row needs the whole block",
         "storage": "global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)",
@@ -142,6 +152,7 @@ class LaunchPlan:
     shared_bytes: int
     min_bytes: int
     vector_reason: str
+    widened: str | None  # why the launcher took a wider configuration than the row size asks for
 
     def roofline_us(self, bandwidth_gbs: float) -> float:
         return self.min_bytes / (bandwidth_gbs * 1e9) * 1e6
@@ -159,10 +170,31 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
                      if vector else
                      f"hidden {hidden} is not a multiple of {VECTOR_BYTES // elem}: scalar accesses")
     wanted = VECTOR_BYTES // elem if vector else 1
-    bucket = next(b for b in kernel.buckets if b.elems_per_access == wanted
-                  and (b.max_row_bytes is None or row_bytes <= b.max_row_bytes))
+    candidates = [b for b in kernel.buckets if b.elems_per_access == wanted]
+    index = next(i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)
+    bucket, widened = widen(candidates, index, rows, hidden, profile), None
+    if bucket is not candidates[index]:
+        widened = (f"{-(-rows // candidates[index].rows_per_block)} blocks would be under "
+                   f"{profile.planner.min_blocks_per_sm} per SM (profile planner.min_blocks_per_sm): "
+                   f"the launcher spreads each row over {bucket.threads_per_row} threads instead of "
+                   f"{candidates[index].threads_per_row}")
     grid = -(-rows // bucket.rows_per_block)
     shared = row_bytes if bucket.storage == "shared" else 0
     row_tensors = len(spec.row_inputs) + len(spec.outputs)
     min_bytes = rows * row_bytes * row_tensors + len(spec.column_inputs) * row_bytes
-    return LaunchPlan(kernel, bucket, rows, hidden, grid, shared, min_bytes, vector_reason)
+    return LaunchPlan(kernel, bucket, rows, hidden, grid, shared, min_bytes, vector_reason, widened)
+
+
+def widen(candidates: list[Bucket], index: int, rows: int, hidden: int, profile: ArchProfile) -> Bucket:
+    """The grid-fill rule, as the generated launcher applies it: while the grid would have fewer
+    than min_blocks_per_sm blocks per SM, take the next wider register configuration, as long as
+    every thread keeps at least one access of the row."""
+    min_blocks = profile.planner.min_blocks_per_sm * profile.sm_count
+    while True:
+        b = candidates[index]
+        nxt = candidates[index + 1] if index + 1 < len(candidates) else None
+        if (-(-rows // b.rows_per_block) >= min_blocks or nxt is None or nxt.storage != "registers"
+                or b.storage != "registers" or nxt.threads_per_row <= b.threads_per_row
+                or nxt.threads_per_row * nxt.elems_per_access > hidden):
+            return b
+        index += 1

@@ -22,6 +22,7 @@ class PlannerFacts(BaseModel):
     row_register_bytes_per_thread: int = Field(ge=16, multiple_of=16)
     threads_per_row: list[LadderStep] = Field(min_length=1)
     block_threads: int = Field(ge=32, multiple_of=32)
+    min_blocks_per_sm: int = Field(ge=1)
 
     @model_validator(mode="after")
     def _ladder(self) -> PlannerFacts:

@@ -74,8 +74,9 @@ def plan_lines(plans: list[KernelPlan]) -> list[str]:
         lines.append(f"{kp.dtype}:")
         for b in kp.buckets:
             limit = f"<= {b.max_row_bytes} B" if b.max_row_bytes else "any size"
+            columns = ", weight loaded with the row" if b.columns_in_registers else ""
             lines.append(f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
-                         f"{b.rows_per_block} rows/block, row in {b.storage}, {b.reduction}")
+                         f"{b.rows_per_block} rows/block, row in {b.storage}{columns}, {b.reduction}")
     reasons = {}
     for b in plans[0].buckets:
         for key, why in b.reasons.items():
@@ -127,6 +128,7 @@ def _context(target: Target) -> dict:
     for t in spec.outputs:
         launch_args += [f"static_cast<T*>(args.{t.name})", f"args.{t.name}_row_stride"]
     return {
+        "min_blocks": profile.planner.min_blocks_per_sm * profile.sm_count,
         "op": op, "op_camel": "".join(w.title() for w in op.split("_")), "spec": spec, "profile": profile,
         "spec_hash": spec_hash(op), "banner": banner, "kgen_version": __version__,
         "kernel_name": target.kernel_name, "python_name": target.python_name,
@@ -136,6 +138,7 @@ def _context(target: Target) -> dict:
         "suffix": {c["name"]: c["suffix"] for c in conventions},
         "plans": [{"dtype": kp.dtype, "ctype": CTYPES[kp.dtype], "aten": ATEN[kp.dtype],
                    "vector_elems": 16 // kp.elem_bytes, "buckets": kp.buckets,
+                   "register_buckets": [b for b in kp.buckets if b.storage == "registers"],
                    "tolerance": SMOKE_TOLERANCE[kp.dtype]} for kp in plans],
         "plan_lines": plan_lines(plans),
         "plan_markdown": "```\n" + "\n".join(plan_lines(plans)) + "\n```",

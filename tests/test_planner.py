@@ -14,9 +14,10 @@ SPEC = load_spec("rmsnorm")
 TABLE = [
     ("sm_90", "bfloat16", 128, 16, 16, 16, "registers", "warp shuffle"),
     ("sm_90", "bfloat16", 64, 16, 8, 32, "registers", "warp shuffle"),
-    ("sm_90", "bfloat16", 2048, 16, 32, 8, "registers", "warp shuffle"),
+    ("sm_90", "bfloat16", 2048, 16, 64, 4, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "float16", 1024, 16, 32, 8, "registers", "warp shuffle"),
     ("sm_90", "bfloat16", 4096, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
-    ("sm_90", "float32", 4096, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "float32", 4096, 16, 256, 1, "registers", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "bfloat16", 32768, 16, 512, 1, "registers", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "bfloat16", 65536, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "float32", 65536, 16, 512, 1, "global", "warp shuffle + one shared-memory exchange"),
@@ -31,13 +32,32 @@ TABLE = [
 
 @pytest.mark.parametrize("arch,dtype,hidden,access,threads,rows,storage,reduction", TABLE)
 def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reduction):
-    plan = plan_launch(SPEC, load_profile(arch), dtype, rows=1000, hidden=hidden)
+    plan = plan_launch(SPEC, load_profile(arch), dtype, rows=100_000, hidden=hidden)
     b = plan.bucket
     got = (b.elems_per_access * DTYPE_BYTES[dtype], b.threads_per_row, b.rows_per_block, b.storage, b.reduction)
     assert got == (access, threads, rows, storage, reduction)
-    assert plan.grid == -(-1000 // rows)
+    assert plan.grid == -(-100_000 // rows) and plan.widened is None
     assert plan.shared_bytes == (hidden * DTYPE_BYTES[dtype] if storage == "shared" else 0)
     assert all(b.reasons.get(k) for k in ("threads_per_row", "rows_per_block", "storage"))
+
+
+@pytest.mark.parametrize("rows,hidden,threads,grid", [
+    (64, 4096, 512, 64),      # decode: 32 blocks of 128-thread rows would idle most SMs
+    (1024, 2048, 128, 512),   # 256 blocks of 64-thread rows are under 2 per SM
+    (8192, 2048, 64, 2048),   # enough rows: the ladder's choice stands
+    (3, 16, 8, 1),            # a wider configuration would leave threads without an access
+])
+def test_grid_fill_widens_rows(rows, hidden, threads, grid):
+    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=rows, hidden=hidden)
+    assert (plan.bucket.threads_per_row, plan.grid) == (threads, grid)
+    assert (plan.widened is None) == (rows in (8192, 3))
+
+
+def test_weight_is_loaded_with_the_row_while_it_fits():
+    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=100_000, hidden=4096)
+    assert plan.bucket.columns_in_registers and "loaded with the row" in plan.bucket.reasons["columns"]
+    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=100_000, hidden=32768)
+    assert not plan.bucket.columns_in_registers and "re-read" in plan.bucket.reasons["columns"]
 
 
 def test_roofline():

@@ -9,72 +9,98 @@
 //   clusters: not available on sm_80 (profile: clusters = false)
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   float32:
-//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, warp shuffle
-//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, warp shuffle
-//     rows <= 4096 B: 4 elem/access, 32 threads/row, 8 rows/block, row in registers, warp shuffle
-//     rows <= 16384 B: 4 elem/access, 128 threads/row, 2 rows/block, row in registers, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 4 elem/access, 256 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 2048 B: 4 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 4096 B: 4 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 4 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 4 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 162816 B: 4 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, row in global, warp shuffle
 //     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, row in global, warp shuffle
-//     rows <= 4096 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
-//     rows <= 16384 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 2048 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
+//     rows <= 4096 B: 1 elem/access, 64 threads/row, 4 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   float16:
-//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, warp shuffle
-//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, warp shuffle
-//     rows <= 16384 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 162816 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, row in global, warp shuffle
 //     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, row in global, warp shuffle
-//     rows <= 4096 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
-//     rows <= 16384 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 2048 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
+//     rows <= 4096 B: 1 elem/access, 64 threads/row, 4 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   bfloat16:
-//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, warp shuffle
-//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, warp shuffle
-//     rows <= 16384 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
+//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 162816 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, row in global, warp shuffle
 //     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, row in global, warp shuffle
-//     rows <= 4096 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
-//     rows <= 16384 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 2048 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
+//     rows <= 4096 B: 1 elem/access, 64 threads/row, 4 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   why:
 //     threads_per_row (128 B, 4/access): 8: rows up to 128 B (profile planner.threads_per_row)
 //     rows_per_block (128 B, 4/access): 32: 256 threads per block / 8 per row
 //     storage (128 B, 4/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (128 B, 4/access): loaded with the row: 32 B per thread with them fits the 128 B budget
 //     threads_per_row (256 B, 4/access): 16: rows up to 256 B (profile planner.threads_per_row)
 //     rows_per_block (256 B, 4/access): 16: 256 threads per block / 16 per row
 //     storage (256 B, 4/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     threads_per_row (4096 B, 4/access): 32: rows up to 4096 B (profile planner.threads_per_row)
-//     rows_per_block (4096 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (4096 B, 4/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     threads_per_row (16384 B, 4/access): 128: rows up to 16384 B (profile planner.threads_per_row)
-//     rows_per_block (16384 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (16384 B, 4/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     threads_per_row (32768 B, 4/access): 256: rows up to 32768 B (profile planner.threads_per_row)
+//     columns (256 B, 4/access): loaded with the row: 32 B per thread with them fits the 128 B budget
+//     threads_per_row (2048 B, 4/access): 32: rows up to 2048 B (profile planner.threads_per_row)
+//     rows_per_block (2048 B, 4/access): 8: 256 threads per block / 32 per row
+//     storage (2048 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (2048 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     threads_per_row (4096 B, 4/access): 64: rows up to 4096 B (profile planner.threads_per_row)
+//     rows_per_block (4096 B, 4/access): 4: 256 threads per block / 64 per row
+//     storage (4096 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (4096 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     threads_per_row (8192 B, 4/access): 128: rows up to 8192 B (profile planner.threads_per_row)
+//     rows_per_block (8192 B, 4/access): 2: 256 threads per block / 128 per row
+//     storage (8192 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (8192 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     threads_per_row (16384 B, 4/access): 256: rows up to 16384 B (profile planner.threads_per_row)
+//     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
+//     storage (16384 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (16384 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     threads_per_row (32768 B, 4/access): 512: rows up to 32768 B (profile planner.threads_per_row)
 //     rows_per_block (32768 B, 4/access): 1: a row needs the whole block
-//     storage (32768 B, 4/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     storage (32768 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (32768 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
 //     threads_per_row (65536 B, 4/access): 512: rows up to 65536 B (profile planner.threads_per_row)
 //     rows_per_block (65536 B, 4/access): 1: a row needs the whole block
 //     storage (65536 B, 4/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (65536 B, 4/access): re-read after the reduction (L1/L2 hits): 256 B per thread with them would exceed the 128 B budget
 //     threads_per_row (162816 B, 4/access): 512: the longest ladder step
 //     rows_per_block (162816 B, 4/access): 1: a row needs the whole block
 //     storage (162816 B, 4/access): shared memory: beyond 64 KB in registers, up to the profile's 163 KB per block less 4 KB scratch: one read, one write
@@ -87,13 +113,19 @@
 //     threads_per_row (256 B, 1/access): 16: rows up to 256 B (profile planner.threads_per_row)
 //     rows_per_block (256 B, 1/access): 16: 256 threads per block / 16 per row
 //     storage (256 B, 1/access): global: scalar path re-reads the row (from L2) instead of caching it
-//     threads_per_row (4096 B, 1/access): 32: rows up to 4096 B (profile planner.threads_per_row)
-//     rows_per_block (4096 B, 1/access): 8: 256 threads per block / 32 per row
+//     threads_per_row (2048 B, 1/access): 32: rows up to 2048 B (profile planner.threads_per_row)
+//     rows_per_block (2048 B, 1/access): 8: 256 threads per block / 32 per row
+//     storage (2048 B, 1/access): global: scalar path re-reads the row (from L2) instead of caching it
+//     threads_per_row (4096 B, 1/access): 64: rows up to 4096 B (profile planner.threads_per_row)
+//     rows_per_block (4096 B, 1/access): 4: 256 threads per block / 64 per row
 //     storage (4096 B, 1/access): global: scalar path re-reads the row (from L2) instead of caching it
-//     threads_per_row (16384 B, 1/access): 128: rows up to 16384 B (profile planner.threads_per_row)
-//     rows_per_block (16384 B, 1/access): 2: 256 threads per block / 128 per row
+//     threads_per_row (8192 B, 1/access): 128: rows up to 8192 B (profile planner.threads_per_row)
+//     rows_per_block (8192 B, 1/access): 2: 256 threads per block / 128 per row
+//     storage (8192 B, 1/access): global: scalar path re-reads the row (from L2) instead of caching it
+//     threads_per_row (16384 B, 1/access): 256: rows up to 16384 B (profile planner.threads_per_row)
+//     rows_per_block (16384 B, 1/access): 1: a row needs the whole block
 //     storage (16384 B, 1/access): global: scalar path re-reads the row (from L2) instead of caching it
-//     threads_per_row (32768 B, 1/access): 256: rows up to 32768 B (profile planner.threads_per_row)
+//     threads_per_row (32768 B, 1/access): 512: rows up to 32768 B (profile planner.threads_per_row)
 //     rows_per_block (32768 B, 1/access): 1: a row needs the whole block
 //     storage (32768 B, 1/access): global: scalar path re-reads the row (from L2) instead of caching it
 //     threads_per_row (65536 B, 1/access): 512: rows up to 65536 B (profile planner.threads_per_row)
@@ -137,6 +169,7 @@ template <typename T, int ELEMS> struct alignas(sizeof(T) * ELEMS) Pack {
 
 constexpr int kWarpSize = 32;
 constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
+constexpr int64_t kMinBlocks = 216;  // planner.min_blocks_per_sm × 108 SMs
 
 template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
@@ -231,10 +264,11 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
 // The kernel: ROWS_PER_BLOCK rows per block, THREADS_PER_ROW threads per row, each access moving
 // ELEMS elements. The row is read from global memory once and kept on chip (registers or shared
 // memory) for every later pass; kGlobal re-reads it instead (rows beyond every on-chip budget,
-// and the scalar path).
+// and the scalar path). COLUMNS_IN_REGISTERS loads the per-column inputs with the row, so no
+// memory round trip follows the reduction.
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
-          RowStorage STORAGE>
+          RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
 __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK)
 rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ weight, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
@@ -251,6 +285,7 @@ rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __res
   const Access* x_row = reinterpret_cast<const Access*>(x + row * x_row_stride);
   Access x_regs[kCached];
   Access* x_shared = reinterpret_cast<Access*>(row_cache_bytes) + 0 * accesses;
+  Access weight_regs[COLUMNS_IN_REGISTERS ? kCached : 1];
   Access* out_row = reinterpret_cast<Access*>(out + row * out_row_stride);
 
   // Every later pass reads the row through here: registers, shared memory or global memory.
@@ -266,6 +301,9 @@ rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __res
       const Access x_v = x_row[i];
       if constexpr (STORAGE == RowStorage::kRegisters) x_regs[k] = x_v;
       else x_shared[i] = x_v;
+      if constexpr (COLUMNS_IN_REGISTERS) {
+        if (weight != nullptr) weight_regs[k] = reinterpret_cast<const Access*>(weight)[i];
+      }
     });
   }
 
@@ -285,7 +323,8 @@ rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __res
   for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
     const Access x_v = cached(x_regs, x_row, x_shared, k, i);
     Access weight_v;
-    if (weight != nullptr) weight_v = reinterpret_cast<const Access*>(weight)[i];
+    if constexpr (COLUMNS_IN_REGISTERS) weight_v = weight_regs[k];
+    else if (weight != nullptr) weight_v = reinterpret_cast<const Access*>(weight)[i];
     Access out_v;
 #pragma unroll
     for (int j = 0; j < ELEMS; ++j) {
@@ -299,9 +338,10 @@ rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __res
 
 // Shared-memory opt-in and launch of one configuration; returns the launch's error.
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
-          RowStorage STORAGE>
+          RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
 cudaError_t launch_config(const RmsnormArgs& args, const Params& params, cudaStream_t stream) {
-  auto* kernel = &rmsnorm_fwd_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE>;
+  auto* kernel = &rmsnorm_fwd_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE,
+                                     COLUMNS_IN_REGISTERS>;
   const size_t shared_bytes =
       STORAGE == RowStorage::kShared ? size_t(args.hidden) * sizeof(T) * 1 : 0;
   if (shared_bytes > 0) {
@@ -326,22 +366,41 @@ cudaError_t launch_float32(const RmsnormArgs& args, const Params& params, cudaSt
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, 16) && aligned(args.weight, 16) && args.out_row_stride % kVector == 0 && aligned(args.out, 16);
   if (vector_path) {
-    if (row_bytes <= 128) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 256) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Epilogue, kVector, 32, 8, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Epilogue, kVector, 128, 2, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 32768) return launch_config<T, Epilogue, kVector, 256, 1, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 65536) return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 162816) return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kShared>(args, params, stream);
-    return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
+    // Register configurations in ladder order, the first whose rows fit; then the grid-fill rule
+    // (profile planner.min_blocks_per_sm): while the grid would have fewer than kMinBlocks blocks,
+    // spread each row over more threads, as long as every thread keeps one access of the row.
+    constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
+    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
+    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
+    constexpr int kConfigs = 8;
+    int config = 0;
+    while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
+    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
+           kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
+      ++config;
+    switch (config) {
+      case 0: return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+      case 1: return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+      case 2: return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 3: return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 4: return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 5: return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 6: return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
+      default: break;
+    }
+    if (row_bytes <= 162816) return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kShared, false>(args, params, stream);
+    return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
-  if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
-  return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 2048) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 64, 4, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
 // float16: the configurations listed in the header, picked by row bytes and alignment.
@@ -352,22 +411,41 @@ cudaError_t launch_float16(const RmsnormArgs& args, const Params& params, cudaSt
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, 16) && aligned(args.weight, 16) && args.out_row_stride % kVector == 0 && aligned(args.out, 16);
   if (vector_path) {
-    if (row_bytes <= 128) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 256) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Epilogue, kVector, 32, 8, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Epilogue, kVector, 128, 2, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 32768) return launch_config<T, Epilogue, kVector, 256, 1, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 65536) return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 162816) return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kShared>(args, params, stream);
-    return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
+    // Register configurations in ladder order, the first whose rows fit; then the grid-fill rule
+    // (profile planner.min_blocks_per_sm): while the grid would have fewer than kMinBlocks blocks,
+    // spread each row over more threads, as long as every thread keeps one access of the row.
+    constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
+    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
+    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
+    constexpr int kConfigs = 8;
+    int config = 0;
+    while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
+    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
+           kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
+      ++config;
+    switch (config) {
+      case 0: return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+      case 1: return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+      case 2: return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 3: return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 4: return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 5: return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 6: return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
+      default: break;
+    }
+    if (row_bytes <= 162816) return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kShared, false>(args, params, stream);
+    return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
-  if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
-  return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 2048) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 64, 4, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
 // bfloat16: the configurations listed in the header, picked by row bytes and alignment.
@@ -378,22 +456,41 @@ cudaError_t launch_bfloat16(const RmsnormArgs& args, const Params& params, cudaS
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, 16) && aligned(args.weight, 16) && args.out_row_stride % kVector == 0 && aligned(args.out, 16);
   if (vector_path) {
-    if (row_bytes <= 128) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 256) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Epilogue, kVector, 32, 8, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Epilogue, kVector, 128, 2, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 32768) return launch_config<T, Epilogue, kVector, 256, 1, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 65536) return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters>(args, params, stream);
-    if (row_bytes <= 162816) return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kShared>(args, params, stream);
-    return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
+    // Register configurations in ladder order, the first whose rows fit; then the grid-fill rule
+    // (profile planner.min_blocks_per_sm): while the grid would have fewer than kMinBlocks blocks,
+    // spread each row over more threads, as long as every thread keeps one access of the row.
+    constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
+    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
+    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
+    constexpr int kConfigs = 8;
+    int config = 0;
+    while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
+    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
+           kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
+      ++config;
+    switch (config) {
+      case 0: return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+      case 1: return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+      case 2: return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 3: return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 4: return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 5: return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 6: return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
+      default: break;
+    }
+    if (row_bytes <= 162816) return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kShared, false>(args, params, stream);
+    return launch_config<T, Epilogue, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
-  if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal>(args, params, stream);
-  if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
-  return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 2048) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 64, 4, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
 }  // namespace
