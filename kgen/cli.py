@@ -138,8 +138,10 @@ def explain(
                   else f"{b.threads_per_row // 32} warps per row exchange partial sums once")
     table.add_row("row lives in", b.storage, b.reasons["storage"])
     if "columns" in b.reasons:
-        table.add_row("weight", "with the row" if b.columns_in_registers else "after the reduction",
-                      b.reasons["columns"])
+        waves = "one wave: every block resident" if plan.columns_early or not b.columns_fit else \
+            "several waves: registers are better spent on occupancy"
+        table.add_row("weight", "with the row" if plan.columns_early else "after the reduction",
+                      f"{b.reasons['columns']}; {waves}")
     table.add_row("clusters", "no", plan.kernel.notes["clusters"])
     table.add_row("grid", f"{plan.grid} blocks", f"ceil({rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
                   f"({plan.grid / profile.sm_count:.1f} blocks per SM)")

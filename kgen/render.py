@@ -74,7 +74,7 @@ def plan_lines(plans: list[KernelPlan]) -> list[str]:
         lines.append(f"{kp.dtype}:")
         for b in kp.buckets:
             limit = f"<= {b.max_row_bytes} B" if b.max_row_bytes else "any size"
-            columns = ", weight loaded with the row" if b.columns_in_registers else ""
+            columns = ", weight with the row in one-wave grids" if b.columns_fit else ""
             lines.append(f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
                          f"{b.rows_per_block} rows/block, row in {b.storage}{columns}, {b.reduction}")
     reasons = {}

@@ -54,10 +54,12 @@ def test_grid_fill_widens_rows(rows, hidden, threads, grid):
 
 
 def test_weight_is_loaded_with_the_row_while_it_fits():
-    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=100_000, hidden=4096)
-    assert plan.bucket.columns_in_registers and "loaded with the row" in plan.bucket.reasons["columns"]
-    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=100_000, hidden=32768)
-    assert not plan.bucket.columns_in_registers and "re-read" in plan.bucket.reasons["columns"]
+    few = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=64, hidden=4096)
+    many = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=100_000, hidden=4096)
+    long = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=64, hidden=32768)
+    assert few.columns_early and not many.columns_early and not long.columns_early
+    assert many.bucket.columns_fit and "fits the 128 B budget" in many.bucket.reasons["columns"]
+    assert not long.bucket.columns_fit and "would exceed" in long.bucket.reasons["columns"]
 
 
 def test_roofline():

@@ -9,13 +9,13 @@
 //   clusters: not available on sm_80 (profile: clusters = false)
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   float32:
-//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 2048 B: 4 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 4096 B: 4 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 4 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 4 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 2048 B: 4 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 4096 B: 4 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 4 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 4 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 162816 B: 4 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -29,13 +29,13 @@
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   float16:
-//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 162816 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -49,13 +49,13 @@
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   bfloat16:
-//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 162816 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -72,35 +72,35 @@
 //     threads_per_row (128 B, 4/access): 8: rows up to 128 B (profile planner.threads_per_row)
 //     rows_per_block (128 B, 4/access): 32: 256 threads per block / 8 per row
 //     storage (128 B, 4/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (128 B, 4/access): loaded with the row: 32 B per thread with them fits the 128 B budget
+//     columns (128 B, 4/access): 32 B per thread with the row fits the 128 B budget
 //     threads_per_row (256 B, 4/access): 16: rows up to 256 B (profile planner.threads_per_row)
 //     rows_per_block (256 B, 4/access): 16: 256 threads per block / 16 per row
 //     storage (256 B, 4/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (256 B, 4/access): loaded with the row: 32 B per thread with them fits the 128 B budget
+//     columns (256 B, 4/access): 32 B per thread with the row fits the 128 B budget
 //     threads_per_row (2048 B, 4/access): 32: rows up to 2048 B (profile planner.threads_per_row)
 //     rows_per_block (2048 B, 4/access): 8: 256 threads per block / 32 per row
 //     storage (2048 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (2048 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (2048 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (4096 B, 4/access): 64: rows up to 4096 B (profile planner.threads_per_row)
 //     rows_per_block (4096 B, 4/access): 4: 256 threads per block / 64 per row
 //     storage (4096 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (4096 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (4096 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (8192 B, 4/access): 128: rows up to 8192 B (profile planner.threads_per_row)
 //     rows_per_block (8192 B, 4/access): 2: 256 threads per block / 128 per row
 //     storage (8192 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (8192 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (8192 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (16384 B, 4/access): 256: rows up to 16384 B (profile planner.threads_per_row)
 //     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
 //     storage (16384 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (16384 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (16384 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (32768 B, 4/access): 512: rows up to 32768 B (profile planner.threads_per_row)
 //     rows_per_block (32768 B, 4/access): 1: a row needs the whole block
 //     storage (32768 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (32768 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (32768 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (65536 B, 4/access): 512: rows up to 65536 B (profile planner.threads_per_row)
 //     rows_per_block (65536 B, 4/access): 1: a row needs the whole block
 //     storage (65536 B, 4/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (65536 B, 4/access): re-read after the reduction (L1/L2 hits): 256 B per thread with them would exceed the 128 B budget
+//     columns (65536 B, 4/access): 256 B per thread with the row would exceed the 128 B budget
 //     threads_per_row (162816 B, 4/access): 512: the longest ladder step
 //     rows_per_block (162816 B, 4/access): 1: a row needs the whole block
 //     storage (162816 B, 4/access): shared memory: beyond 64 KB in registers, up to the profile's 163 KB per block less 4 KB scratch: one read, one write

@@ -9,13 +9,13 @@
 //   clusters: not used: one block holds rows up to 223 KB on chip, beyond any hidden size in the shape suite
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   float32:
-//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 2048 B: 4 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 4096 B: 4 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 4 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 4 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 2048 B: 4 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 4096 B: 4 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 4 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 4 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 4 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 228352 B: 4 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -29,13 +29,13 @@
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   float16:
-//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 228352 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -49,13 +49,13 @@
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //   bfloat16:
-//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight loaded with the row, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
-//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight loaded with the row, warp shuffle + one shared-memory exchange
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
+//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 228352 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -72,35 +72,35 @@
 //     threads_per_row (128 B, 4/access): 8: rows up to 128 B (profile planner.threads_per_row)
 //     rows_per_block (128 B, 4/access): 32: 256 threads per block / 8 per row
 //     storage (128 B, 4/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (128 B, 4/access): loaded with the row: 32 B per thread with them fits the 128 B budget
+//     columns (128 B, 4/access): 32 B per thread with the row fits the 128 B budget
 //     threads_per_row (256 B, 4/access): 16: rows up to 256 B (profile planner.threads_per_row)
 //     rows_per_block (256 B, 4/access): 16: 256 threads per block / 16 per row
 //     storage (256 B, 4/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (256 B, 4/access): loaded with the row: 32 B per thread with them fits the 128 B budget
+//     columns (256 B, 4/access): 32 B per thread with the row fits the 128 B budget
 //     threads_per_row (2048 B, 4/access): 32: rows up to 2048 B (profile planner.threads_per_row)
 //     rows_per_block (2048 B, 4/access): 8: 256 threads per block / 32 per row
 //     storage (2048 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (2048 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (2048 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (4096 B, 4/access): 64: rows up to 4096 B (profile planner.threads_per_row)
 //     rows_per_block (4096 B, 4/access): 4: 256 threads per block / 64 per row
 //     storage (4096 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (4096 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (4096 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (8192 B, 4/access): 128: rows up to 8192 B (profile planner.threads_per_row)
 //     rows_per_block (8192 B, 4/access): 2: 256 threads per block / 128 per row
 //     storage (8192 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (8192 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (8192 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (16384 B, 4/access): 256: rows up to 16384 B (profile planner.threads_per_row)
 //     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
 //     storage (16384 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (16384 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (16384 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (32768 B, 4/access): 512: rows up to 32768 B (profile planner.threads_per_row)
 //     rows_per_block (32768 B, 4/access): 1: a row needs the whole block
 //     storage (32768 B, 4/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (32768 B, 4/access): loaded with the row: 128 B per thread with them fits the 128 B budget
+//     columns (32768 B, 4/access): 128 B per thread with the row fits the 128 B budget
 //     threads_per_row (65536 B, 4/access): 512: rows up to 65536 B (profile planner.threads_per_row)
 //     rows_per_block (65536 B, 4/access): 1: a row needs the whole block
 //     storage (65536 B, 4/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
-//     columns (65536 B, 4/access): re-read after the reduction (L1/L2 hits): 256 B per thread with them would exceed the 128 B budget
+//     columns (65536 B, 4/access): 256 B per thread with the row would exceed the 128 B budget
 //     threads_per_row (228352 B, 4/access): 512: the longest ladder step
 //     rows_per_block (228352 B, 4/access): 1: a row needs the whole block
 //     storage (228352 B, 4/access): shared memory: beyond 64 KB in registers, up to the profile's 227 KB per block less 4 KB scratch: one read, one write
@@ -170,6 +170,7 @@ template <typename T, int ELEMS> struct alignas(sizeof(T) * ELEMS) Pack {
 constexpr int kWarpSize = 32;
 constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
 constexpr int64_t kMinBlocks = 264;  // planner.min_blocks_per_sm × 132 SMs
+constexpr int64_t kResidentThreads = 270336;  // 132 SMs × 2048 threads
 
 template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
@@ -378,14 +379,32 @@ cudaError_t launch_float32(const RmsnormArgs& args, const Params& params, cudaSt
     while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
            kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
       ++config;
+    // One wave (every block resident at once): latency dominates, so the weight is loaded with the
+    // row; with more waves its registers are better spent on occupancy.
+    const bool one_wave = config < kConfigs &&
+        ceil_div(args.rows, kRowsPerBlock[config]) * kRowsPerBlock[config] * kThreadsPerRow[config] <= kResidentThreads;
     switch (config) {
-      case 0: return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
-      case 1: return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
-      case 2: return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 3: return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 4: return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 5: return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 6: return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 0:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, false>(args, params, stream);
+      case 1:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, false>(args, params, stream);
+      case 2:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 3:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 4:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 5:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 6:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
       default: break;
     }
@@ -423,14 +442,32 @@ cudaError_t launch_float16(const RmsnormArgs& args, const Params& params, cudaSt
     while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
            kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
       ++config;
+    // One wave (every block resident at once): latency dominates, so the weight is loaded with the
+    // row; with more waves its registers are better spent on occupancy.
+    const bool one_wave = config < kConfigs &&
+        ceil_div(args.rows, kRowsPerBlock[config]) * kRowsPerBlock[config] * kThreadsPerRow[config] <= kResidentThreads;
     switch (config) {
-      case 0: return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
-      case 1: return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
-      case 2: return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 3: return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 4: return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 5: return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 6: return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 0:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, false>(args, params, stream);
+      case 1:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, false>(args, params, stream);
+      case 2:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 3:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 4:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 5:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 6:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
       default: break;
     }
@@ -468,14 +505,32 @@ cudaError_t launch_bfloat16(const RmsnormArgs& args, const Params& params, cudaS
     while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
            kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
       ++config;
+    // One wave (every block resident at once): latency dominates, so the weight is loaded with the
+    // row; with more waves its registers are better spent on occupancy.
+    const bool one_wave = config < kConfigs &&
+        ceil_div(args.rows, kRowsPerBlock[config]) * kRowsPerBlock[config] * kThreadsPerRow[config] <= kResidentThreads;
     switch (config) {
-      case 0: return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
-      case 1: return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
-      case 2: return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 3: return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 4: return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 5: return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-      case 6: return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+      case 0:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, false>(args, params, stream);
+      case 1:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, false>(args, params, stream);
+      case 2:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 3:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 4:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 5:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
+      case 6:
+        if (one_wave) return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
       default: break;
     }
