@@ -112,11 +112,14 @@ class Convention(BaseModel):
 
 
 class RowReduce(BaseModel):
-    """Reductions over the last dim (in order; a later one may use earlier stats),
-    then an elementwise epilogue per convention. The first convention is the default."""
+    """An optional prologue (per-element values computed from the '*rows hidden' inputs, kept on
+    chip in the I/O dtype in their place, e.g. r = x + residual), reductions over the last dim (in
+    order; a later one may use earlier stats), then an elementwise epilogue per convention. The
+    first convention is the default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     kind: Literal["row_reduce"] = "row_reduce"
+    prologue: dict[str, SympyExpr] = {}
     reductions: list[Reduction] = Field(min_length=1)
     conventions: list[Convention] = Field(min_length=1)
 
@@ -162,6 +165,9 @@ class OpSpec(BaseModel):
     def _consistent(self) -> OpSpec:
         names = [t.name for t in self.tensors] + [p.name for p in self.params]
         stats = [r.stat for r in self.structure.reductions]
+        values = list(self.structure.prologue)
+        outputs_ = {t.name for t in self.tensors if t.role == "output"}
+        names += [v for v in values if v not in outputs_]  # a prologue value may be written as an output
         dupes = {n for n in names + stats if (names + stats).count(n) > 1}
         if dupes:
             raise ValueError(f"names must be unique across tensors, params and stats; repeated: {sorted(dupes)}")
@@ -183,11 +189,15 @@ class OpSpec(BaseModel):
             raise ValueError("a row_reduce op needs '*rows hidden' outputs only, and at least one")
 
         row_inputs = {t.name for t in self.tensors if t.role == "input" and t.per_row}
-        inputs = {t.name for t in self.tensors if t.role == "input"}
+        columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row}
         params = {p.name for p in self.params}
         known = set(params) | BUILTIN_SYMBOLS
+        for name, expr in self.structure.prologue.items():
+            _check_symbols(expr, row_inputs | known, f"structure.prologue.{name}")
+        row_values = set(values) or row_inputs  # what the later passes read from the row
+        inputs = row_values | columns
         for i, red in enumerate(self.structure.reductions):
-            _check_symbols(red.summand, row_inputs | known, f"structure.reductions.{i}.summand")
+            _check_symbols(red.summand, row_values | known, f"structure.reductions.{i}.summand")
             _check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize")
             known.add(red.stat)
         seen = set()
@@ -226,6 +236,11 @@ class OpSpec(BaseModel):
     @property
     def outputs(self) -> list[Tensor]:
         return [t for t in self.tensors if t.role == "output"]
+
+    @property
+    def row_values(self) -> list[str]:
+        """The per-element values kept on chip: the prologue's, else the row inputs."""
+        return list(self.structure.prologue) or [t.name for t in self.row_inputs]
 
     @property
     def default_convention(self) -> str:

@@ -67,7 +67,7 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     facts = profile.planner
     buckets = []
     for elems_per_access in (VECTOR_BYTES // elem, 1):
-        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_inputs), len(spec.column_inputs))
+        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_values), len(spec.column_inputs))
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when x, weight and out "
                        f"are {VECTOR_BYTES}-byte aligned and hidden and row strides are multiples of "
@@ -90,7 +90,7 @@ def _largest_on_chip(profile: ArchProfile) -> int:
 _SCRATCH_BYTES = 4 * 1024  # reserved for the per-warp partial sums of the reductions
 
 
-def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs: int,
+def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_values: int,
              column_inputs: int) -> list[Bucket]:
     facts = profile.planner
     access_bytes = elem * elems_per_access
@@ -110,7 +110,7 @@ def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs:
             reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the {budget} B "
                                   "budget (profile planner.row_register_bytes_per_thread): one read, one write")
             storage = "registers"
-            held = (row_inputs + column_inputs) * accesses * access_bytes
+            held = (row_values + column_inputs) * accesses * access_bytes
             columns = column_inputs > 0 and held <= budget
             if column_inputs:
                 reasons["columns"] = (f"{held} B per thread with the row fits the {budget} B budget"
@@ -125,7 +125,7 @@ def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_inputs:
 
     threads = facts.threads_per_row[-1].threads
     largest_in_registers = threads * facts.row_register_bytes_per_thread
-    shared_limit = (profile.max_shared_memory_per_block - _SCRATCH_BYTES) // row_inputs
+    shared_limit = (profile.max_shared_memory_per_block - _SCRATCH_BYTES) // row_values
     if elems_per_access > 1 and shared_limit > largest_in_registers:
         out.append(Bucket(shared_limit, elems_per_access, threads, 1, 1, "shared", False, {
             "threads_per_row": f"{threads}: the longest ladder step",

@@ -1,108 +1,19 @@
-"""rmsnorm on the GPU: hypothesis property tests against the float64 reference, both numerics
-conventions, strides and alignment, opcheck, torch.compile and `kernels.kernelize`."""
+"""rmsnorm on the GPU, beyond what test_ops_gpu.py checks for every op: bitwise agreement with
+transformers and F.rms_norm, argument errors, and `kernels.kernelize` into a transformers model."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from kgen.catalog import load_spec
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
-reference = load_spec("rmsnorm").reference
 
 
 @pytest.fixture(scope="module")
 def rmsnorm_kernel(built):
     return built("rmsnorm")[1]
-
-
-def tolerance(dtype: torch.dtype, convention: str, hidden: int) -> float:
-    """Relative error allowed: one rounding to dtype (0.5 ulp) plus fp32 arithmetic, whose sum of
-    squares over `hidden` terms grows like sqrt(hidden); transformers rounds twice."""
-    ulp = 2.0 ** -MANTISSA_BITS[dtype]
-    roundings = 2 if convention == "transformers" else 1
-    return roundings * ulp + 8 * math.sqrt(hidden) * 2.0**-24
-
-
-def assert_matches(out, x, weight, eps, convention):
-    expected = reference(x, weight, eps, convention)
-    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
-    assert not torch.isnan(out).any(), "unwritten (poisoned) or NaN elements"
-    rel = tolerance(x.dtype, convention, x.shape[-1])
-    # Elements are O(|weight|); the floor covers values that round to zero or subnormals.
-    scale = 1.0 if weight is None else weight.double().abs().max().item()
-    torch.testing.assert_close(out.double(), expected, rtol=rel, atol=rel * 1e-2 * max(scale, 1e-30))
-
-
-def poison_allocator(numel: int, dtype: torch.dtype) -> None:
-    """Fill the block the caching allocator will hand out next with NaN, so unwritten output shows."""
-    torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
-    # (freed at once; the next same-size allocation reuses it)
-
-
-hidden_sizes = st.one_of(
-    st.integers(1, 64), st.integers(65, 9000), st.sampled_from([127, 128, 2048, 4095, 4096, 5120, 8192, 16384]),
-    st.integers(9000, 65536))
-
-
-@st.composite
-def cases(draw):
-    hidden = draw(hidden_sizes)
-    max_rows = max(1, min(4096, 2_000_000 // hidden))
-    rows = draw(st.integers(1, max_rows))
-    lead = draw(st.sampled_from(["2d", "3d", "1d"])) if rows > 1 else "1d"
-    shape = {"1d": (hidden,) if rows == 1 else (rows, hidden), "2d": (rows, hidden)}.get(lead)
-    if lead == "3d":
-        first = draw(st.sampled_from([d for d in (1, 2, 3, 4) if rows % d == 0]))
-        shape = (first, rows // first, hidden)
-    return dict(shape=shape, dtype=draw(st.sampled_from(DTYPES)),
-                eps=draw(st.sampled_from([1e-6, 1e-5, 1e-12, 0.1])),
-                has_weight=draw(st.booleans()),
-                magnitude=draw(st.sampled_from([1e-3, 1.0, 30.0, 1e4])),
-                convention=draw(st.sampled_from(["single_rounding", "transformers"])),
-                seed=draw(st.integers(0, 2**31 - 1)))
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=cases())
-def test_matches_float64_reference(rmsnorm_kernel, case):
-    gen = torch.Generator(device="cuda").manual_seed(case["seed"])
-    dtype, shape = case["dtype"], case["shape"]
-    x = (torch.randn(shape, generator=gen, device="cuda") * case["magnitude"]).to(dtype)
-    weight = torch.randn(shape[-1], generator=gen, device="cuda").to(dtype) if case["has_weight"] else None
-    poison_allocator(x.numel(), dtype)
-    out = rmsnorm_kernel.rmsnorm(x, weight, case["eps"], convention=case["convention"])
-    assert_matches(out, x, weight, case["eps"], case["convention"])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hidden", [1, 3, 8, 100, 128, 4096, 5120, 65536, 100_000, 262_144])
-def test_edge_hidden_sizes(rmsnorm_kernel, dtype, hidden):
-    """Every planner bucket, the shared-memory row and the re-read path beyond it."""
-    x = torch.randn(3, hidden, device="cuda").to(dtype)
-    weight = torch.randn(hidden, device="cuda").to(dtype)
-    for convention in ("single_rounding", "transformers"):
-        poison_allocator(x.numel(), dtype)
-        assert_matches(rmsnorm_kernel.rmsnorm(x, weight, 1e-6, convention=convention), x, weight, 1e-6, convention)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_strided_and_misaligned_views(rmsnorm_kernel, dtype):
-    base = torch.randn(64, 4096 + 8, device="cuda").to(dtype)
-    weight = torch.randn(4096, device="cuda").to(dtype)
-    row_strided = base[:, :4096]                      # row stride 4104: no copy, vector path
-    misaligned = base.view(-1)[1:1 + 64 * 4096].view(64, 4096)  # 2- or 4-byte offset: scalar path
-    transposed = torch.randn(4096, 64, device="cuda").to(dtype).t()  # last-dim stride 64: copied
-    for x in (row_strided, misaligned, transposed):
-        assert_matches(rmsnorm_kernel.rmsnorm(x, weight, 1e-6), x, weight, 1e-6, "single_rounding")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -140,37 +51,8 @@ def test_errors_name_the_argument(rmsnorm_kernel):
             call()
 
 
-def test_empty_input(rmsnorm_kernel):
-    x = torch.randn(0, 4096, device="cuda", dtype=torch.float16)
-    assert rmsnorm_kernel.rmsnorm(x).shape == (0, 4096)
-
-
-@pytest.mark.parametrize("op_name", ["rmsnorm", "rmsnorm_transformers"])
-def test_opcheck(rmsnorm_kernel, op_name):
-    op = getattr(rmsnorm_kernel._ops.ops, op_name)
-    for dtype in DTYPES:
-        x = torch.randn(5, 7, 256, device="cuda").to(dtype)
-        w = torch.randn(256, device="cuda").to(dtype)
-        torch.library.opcheck(op, (x, w, 1e-6))
-        torch.library.opcheck(op, (x, None, 1e-5))
-
-
-def test_torch_compile_fullgraph(rmsnorm_kernel):
-    torch._dynamo.reset()
-
-    def block(x, w):
-        return rmsnorm_kernel.rmsnorm(x * 2, w, 1e-6, convention="transformers") + 1
-
-    compiled = torch.compile(block, fullgraph=True)
-    x = torch.randn(8, 1024, 4096, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(compiled(x, w), block(x, w), rtol=0, atol=0)
-    explanation = torch._dynamo.explain(block)(x, w)
-    assert explanation.graph_break_count == 0
-
-
 def test_kernelize_replaces_transformers_rmsnorm(built):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "../rmsnorm_cuda/rmsnorm.h"
 #include "registration.h"

@@ -141,9 +141,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace kgen_rmsnorm {
-namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Numeric helpers: all math runs in fp32; I/O is float, __half or __nv_bfloat16.
@@ -166,6 +166,30 @@ template <typename T> __device__ __forceinline__ float round_to_io(float v) { re
 template <typename T, int ELEMS> struct alignas(sizeof(T) * ELEMS) Pack {
   T v[ELEMS];
 };
+
+// fp32 results rounded into a Pack. 16-bit types convert in pairs into one 32-bit register:
+// writing them one 16-bit element at a time made ptxas spill (nvcc 13.0, fused_add_rmsnorm bf16).
+__device__ __forceinline__ __half2 to_pair(float a, float b, __half) { return __floats2half2_rn(a, b); }
+__device__ __forceinline__ __nv_bfloat162 to_pair(float a, float b, __nv_bfloat16) {
+  return __floats2bfloat162_rn(a, b);
+}
+template <typename T, int ELEMS> __device__ __forceinline__ Pack<T, ELEMS> pack(const float (&f)[ELEMS]) {
+  Pack<T, ELEMS> p;
+  if constexpr (std::is_same_v<T, float> || ELEMS % 2 != 0) {
+#pragma unroll
+    for (int j = 0; j < ELEMS; ++j) p.v[j] = from_float<T>(f[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < ELEMS; j += 2) {
+      const auto pair = to_pair(f[j], f[j + 1], T{});
+      p.v[j] = pair.x;
+      p.v[j + 1] = pair.y;
+    }
+  }
+  return p;
+}
+
+namespace {
 
 constexpr int kWarpSize = 32;
 constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
@@ -255,8 +279,9 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
     }
   } else {
     int k = 0;
-    // Two accesses in flight per iteration; unrolling 4 deep made ptxas spill (nvcc 13.0, fp16).
-#pragma unroll 2
+    // Global rows: two accesses in flight per iteration (4 deep made ptxas spill, nvcc 13.0, fp16).
+    // Shared rows: not unrolled (2 deep spilled for layernorm's three passes on sm_80).
+#pragma unroll(STORAGE == RowStorage::kGlobal ? 2 : 1)
     for (int64_t i = lane; i < count; i += THREADS_PER_ROW, ++k) f(k, i);
   }
 }
@@ -270,7 +295,9 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
-__global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK)
+// The 1 (at least one resident block) lets ptxas use the registers it needs: with the thread count
+// alone it capped fused_add_rmsnorm's bf16 kernels at 48 registers and spilled (nvcc 13.0, sm_90).
+__global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK, 1)
 rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ weight, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kWarpsPerBlock = ceil_div(THREADS_PER_ROW * ROWS_PER_BLOCK, kWarpSize);
@@ -282,26 +309,35 @@ rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __res
   const int64_t row = int64_t(blockIdx.x) * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
   // Threads past the last row stay for the block-wide barriers but touch no memory.
   const int64_t accesses = row < rows ? hidden / ELEMS : 0;
-
   const Access* x_row = reinterpret_cast<const Access*>(x + row * x_row_stride);
-  Access x_regs[kCached];
+  Access x_regs[kCached] = {};  // zeroed: a generated kernel compiles without warnings
   Access* x_shared = reinterpret_cast<Access*>(row_cache_bytes) + 0 * accesses;
-  Access weight_regs[COLUMNS_IN_REGISTERS ? kCached : 1];
+  Access weight_regs[COLUMNS_IN_REGISTERS ? kCached : 1] = {};
   Access* out_row = reinterpret_cast<Access*>(out + row * out_row_stride);
 
-  // Every later pass reads the row through here: registers, shared memory or global memory.
-  auto cached = [&](auto& regs, const Access* in_global, Access* in_shared, int k, int64_t i) -> Access {
-    if constexpr (STORAGE == RowStorage::kRegisters) return regs[k];
-    else if constexpr (STORAGE == RowStorage::kShared) return in_shared[i];
-    else return in_global[i];
+  // The row's values at one access: what every pass after the first reads.
+  struct Values {
+    Access x;
+  };
+  // ... at access i, from global memory.
+  auto from_global = [&](int64_t i) -> Values {
+    Values vals;
+    vals.x = x_row[i];
+    return vals;
+  };
+  // ... at access k of this thread (index i): from registers, shared memory or global memory.
+  auto fetch = [&](int k, int64_t i) -> Values {
+    if constexpr (STORAGE == RowStorage::kRegisters) return Values{x_regs[k]};
+    else if constexpr (STORAGE == RowStorage::kShared) return Values{x_shared[i]};
+    else return from_global(i);
   };
 
-  // Pass 1: issue every load of the row before any arithmetic uses it.
+  // Pass 1: issue every load of the row before any arithmetic uses it, and keep the values on chip.
   if constexpr (STORAGE != RowStorage::kGlobal) {
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-      const Access x_v = x_row[i];
-      if constexpr (STORAGE == RowStorage::kRegisters) x_regs[k] = x_v;
-      else x_shared[i] = x_v;
+      const Values vals = from_global(i);
+      if constexpr (STORAGE == RowStorage::kRegisters) x_regs[k] = vals.x;
+      else x_shared[i] = vals.x;
       if constexpr (COLUMNS_IN_REGISTERS) {
         if (weight != nullptr) weight_regs[k] = reinterpret_cast<const Access*>(weight)[i];
       }
@@ -312,28 +348,25 @@ rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __res
   {  // rstd
     float partial = 0.0f;
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-      const Access x_v = cached(x_regs, x_row, x_shared, k, i);
+      const Values vals = fetch(k, i);
 #pragma unroll
-      for (int j = 0; j < ELEMS; ++j) partial += rstd_summand(to_float(x_v.v[j]), stats, params);
+      for (int j = 0; j < ELEMS; ++j) partial += rstd_summand(to_float(vals.x.v[j]), stats, params);
     });
     const float row_sum = row_reduce_sum<THREADS_PER_ROW, ROWS_PER_BLOCK>(partial, scratch[0]);
     stats.rstd = rstd_finalize(row_sum, stats, params);
   }
 
-  // Epilogue: per-column inputs are read here (they are shared by every row: L1/L2 hits).
+  // Epilogue: per-column inputs come from registers (one-wave grids) or are read here (they are
+  // shared by every row: L1/L2 hits).
   for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-    const Access x_v = cached(x_regs, x_row, x_shared, k, i);
+    const Values vals = fetch(k, i);
     Access weight_v;
     if constexpr (COLUMNS_IN_REGISTERS) weight_v = weight_regs[k];
     else if (weight != nullptr) weight_v = reinterpret_cast<const Access*>(weight)[i];
-    Access out_v;
+    float out_f[ELEMS];
 #pragma unroll
-    for (int j = 0; j < ELEMS; ++j) {
-      float out_j;
-      Epilogue::template apply<T>(to_float(x_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, out_j);
-      out_v.v[j] = from_float<T>(out_j);
-    }
-    out_row[i] = out_v;
+    for (int j = 0; j < ELEMS; ++j) Epilogue::template apply<T>(to_float(vals.x.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, out_f[j]);
+    out_row[i] = pack<T>(out_f);
   });
 }
 

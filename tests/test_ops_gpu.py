@@ -1,0 +1,181 @@
+"""Every op on the GPU: hypothesis property tests against its float64 reference (shapes, dtypes,
+values, optional inputs, conventions), edge hidden sizes, strided and misaligned views, empty
+input, opcheck and torch.compile. Inputs are built from each spec's tensors, so a new op is
+covered by adding its spec."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy as sp
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kgen.catalog import load_spec, op_names
+from kgen.dsl import to_io_dtype
+
+pytestmark = pytest.mark.gpu
+
+OPS = op_names()
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+
+
+def roundings(op: str, convention: str, output: str) -> int:
+    """Roundings to the I/O dtype on the way to an output: the final store plus each to_io_dtype."""
+    conv = next(c for c in load_spec(op).structure.conventions if c.name == convention)
+    return 1 + sum(1 for _ in sp.preorder_traversal(conv.outputs[output]) if isinstance(_, to_io_dtype))
+
+
+def make_inputs(op, shape, dtype, gen, magnitude=1.0, present=None):
+    spec = load_spec(op)
+    inputs = []
+    for t in spec.inputs:
+        if t.optional and present is not None and not present.get(t.name, True):
+            inputs.append(None)
+        elif t.per_row:
+            inputs.append((torch.randn(shape, generator=gen, device="cuda") * magnitude).to(dtype))
+        else:
+            inputs.append(torch.randn(shape[-1], generator=gen, device="cuda").to(dtype))
+    return inputs
+
+
+def check(op, outs, inputs, params, convention):
+    spec = load_spec(op)
+    expected = spec.reference(*inputs, *params, convention=convention)
+    if isinstance(outs, torch.Tensor):
+        outs, expected = (outs,), (expected,)
+    assert len(outs) == len(spec.outputs)
+    x = inputs[0]
+    for out, ref, tensor in zip(outs, expected, spec.outputs):
+        assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+        assert not torch.isnan(out).any(), f"{tensor.name}: unwritten (poisoned) or NaN elements"
+        ulp = 2.0 ** -MANTISSA_BITS[x.dtype]
+        rel = roundings(op, convention, tensor.name) * ulp + 8 * math.sqrt(x.shape[-1]) * 2.0**-24
+        scale = ref.abs().max().item() if ref.numel() else 0.0
+        torch.testing.assert_close(out.double(), ref, rtol=rel, atol=rel * 1e-2 * max(scale, 1e-30),
+                                   msg=lambda m: f"{op} {tensor.name} {convention}: {m}")
+
+
+def poison_allocator(numel: int, dtype: torch.dtype, outputs: int) -> None:
+    """Fill the blocks the caching allocator hands out next with NaN, so unwritten output shows."""
+    blocks = [torch.full((numel,), float("nan"), dtype=dtype, device="cuda") for _ in range(outputs)]
+    del blocks
+
+
+@pytest.fixture(scope="module")
+def kernels_by_op(built):
+    return {op: getattr(built(op)[1], op) for op in OPS}
+
+
+hidden_sizes = st.one_of(
+    st.integers(1, 64), st.integers(65, 9000), st.sampled_from([127, 128, 2048, 4095, 4096, 5120, 8192, 16384]),
+    st.integers(9000, 65536))
+
+
+@st.composite
+def cases(draw):
+    op = draw(st.sampled_from(OPS))
+    spec = load_spec(op)
+    hidden = draw(hidden_sizes)
+    rows = draw(st.integers(1, max(1, min(4096, 2_000_000 // hidden))))
+    lead = draw(st.sampled_from(["1d", "2d", "3d"])) if rows > 1 else "1d"
+    shape = (hidden,) if lead == "1d" and rows == 1 else (rows, hidden)
+    if lead == "3d":
+        first = draw(st.sampled_from([d for d in (1, 2, 3, 4) if rows % d == 0]))
+        shape = (first, rows // first, hidden)
+    return dict(op=op, shape=shape, dtype=draw(st.sampled_from(DTYPES)),
+                params=[draw(st.sampled_from([p.default, 1e-12, 0.1])) for p in spec.params],
+                present={t.name: draw(st.booleans()) for t in spec.inputs if t.optional},
+                magnitude=draw(st.sampled_from([1e-3, 1.0, 30.0, 1e4])),
+                convention=draw(st.sampled_from([c.name for c in spec.structure.conventions])),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_matches_float64_reference(kernels_by_op, case):
+    op = case["op"]
+    gen = torch.Generator(device="cuda").manual_seed(case["seed"])
+    inputs = make_inputs(op, case["shape"], case["dtype"], gen, case["magnitude"], case["present"])
+    poison_allocator(inputs[0].numel(), case["dtype"], len(load_spec(op).outputs))
+    outs = kernels_by_op[op](*inputs, *case["params"], convention=case["convention"])
+    check(op, outs, inputs, case["params"], case["convention"])
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 3, 8, 100, 128, 4096, 5120, 65536, 100_000, 262_144])
+def test_edge_hidden_sizes(kernels_by_op, op, dtype, hidden):
+    """Every planner bucket, the shared-memory row and the re-read path beyond it."""
+    gen = torch.Generator(device="cuda").manual_seed(hidden)
+    inputs = make_inputs(op, (3, hidden), dtype, gen)
+    params = [p.default for p in load_spec(op).params]
+    for convention in [c.name for c in load_spec(op).structure.conventions]:
+        poison_allocator(inputs[0].numel(), dtype, len(load_spec(op).outputs))
+        check(op, kernels_by_op[op](*inputs, *params, convention=convention), inputs, params, convention)
+
+
+LAYOUTS = {  # (dtype, generator) -> a [64, 4096] view
+    "row-strided": lambda d, g: torch.randn(64, 4104, generator=g, device="cuda").to(d)[:, :4096],  # no copy
+    "misaligned": lambda d, g: torch.randn(64 * 4096 + 1, generator=g, device="cuda").to(d)[1:].view(64, 4096),
+    "transposed": lambda d, g: torch.randn(4096, 64, generator=g, device="cuda").to(d).t(),  # copied
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_strided_and_misaligned_views(kernels_by_op, op, dtype, layout):
+    spec = load_spec(op)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    inputs = [LAYOUTS[layout](dtype, gen) if t.per_row else torch.randn(4096, generator=gen, device="cuda").to(dtype)
+              for t in spec.inputs]
+    assert (inputs[0].data_ptr() % 16 != 0) == (layout == "misaligned")
+    assert (inputs[0].stride(0) == 4104) == (layout == "row-strided")
+    params = [p.default for p in spec.params]
+    check(op, kernels_by_op[op](*inputs, *params), inputs, params, spec.default_convention)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_input(kernels_by_op, op):
+    spec = load_spec(op)
+    inputs = [torch.randn((0, 4096) if t.per_row else (4096,), device="cuda", dtype=torch.float16)
+              for t in spec.inputs]
+    outs = kernels_by_op[op](*inputs)
+    for out in (outs,) if isinstance(outs, torch.Tensor) else outs:
+        assert out.shape == (0, 4096)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck_every_convention(built, op):
+    spec = load_spec(op)
+    ops = built(op)[1]._ops.ops
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for i, convention in enumerate(spec.structure.conventions):
+        op_overload = getattr(ops, op if i == 0 else f"{op}_{convention.name}")
+        for dtype in DTYPES:
+            inputs = make_inputs(op, (5, 7, 256), dtype, gen)
+            torch.library.opcheck(op_overload, (*inputs, *[p.default for p in spec.params]))
+            if any(t.optional for t in spec.inputs):
+                absent = make_inputs(op, (5, 7, 256), dtype, gen, present={t.name: False for t in spec.inputs})
+                torch.library.opcheck(op_overload, (*absent, *[p.default for p in spec.params]))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torch_compile_fullgraph(kernels_by_op, op):
+    torch._dynamo.reset()
+    fn = kernels_by_op[op]
+
+    def block(*inputs):
+        outs = fn(inputs[0] * 2, *inputs[1:])
+        return tuple(o + 1 for o in outs) if isinstance(outs, tuple) else outs + 1
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    inputs = make_inputs(op, (8, 512, 4096), torch.bfloat16, gen)
+    compiled = torch.compile(block, fullgraph=True)
+    got, want = compiled(*inputs), block(*inputs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch._dynamo.explain(block)(*inputs).graph_break_count == 0
