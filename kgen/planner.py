@@ -190,7 +190,8 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
 def one_wave(grid: int, bucket: Bucket, profile: ArchProfile) -> bool:
     """Whether every block is resident at once. Then latency dominates and the weight is loaded
     with the row; with several waves occupancy dominates and the weight, re-read after the
-    reduction, costs no registers (bench, H200: loading it early slowed 8192×4096 bf16 by 13 %)."""
+    reduction, costs no registers (bench, H200: loading it early slowed 8192×4096 bf16 by 13 %).
+    This estimate assumes full occupancy; the generated launcher asks the CUDA occupancy API."""
     return grid * bucket.block_threads <= profile.sm_count * profile.max_threads_per_sm
 
 

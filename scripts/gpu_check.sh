@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU half of verification, on a CUDA machine: the `gpu` test suite, then `kgen bench`.
-# Logs and results go to $OUT (default ./gpu-out). Wheels for packages the machine lacks may
-# be put in .whl/ (installed to /tmp/site, first on PYTHONPATH).
+# The GPU half of verification, on a CUDA machine: the `gpu` test suite, then `kgen bench` for
+# BENCH_OPS (default: every op). Everything lands in $OUT (default ./gpu-out): results.tgz holds
+# the logs, the JUnit report and each op's bench JSON and Markdown table. Wheels for packages the
+# machine lacks may be put in .whl/ (installed to /tmp/site, first on PYTHONPATH).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
+RAW=$(mktemp -d)
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -12,17 +14,18 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export KGEN_TEST_BUILD_ROOT=${KGEN_TEST_BUILD_ROOT:-/tmp/kgen-build}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
-python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' | tee -a "$OUT/device.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$RAW/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' | tee -a "$RAW/device.txt"
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest tests -m gpu -p no:cacheprovider -q -rA --junitxml="$OUT/gpu-junit.xml" ${PYTEST_ARGS:-} \
-    2>&1 | tee "$OUT/gpu-tests.log" | grep -Ev "^(PASSED|SKIPPED) " || true
+  python3 -m pytest tests -m gpu -p no:cacheprovider -q -rfEs --junitxml="$RAW/gpu-junit.xml" ${PYTEST_ARGS:-} \
+    2>&1 | tee "$RAW/gpu-tests.log" | grep -v "^DEBUG"
   status=${PIPESTATUS[0]}
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  for op in ${BENCH_OPS:-rmsnorm}; do
-    python3 -m kgen bench "$op" --out "$OUT" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$OUT/bench-$op.log"
+  for op in ${BENCH_OPS:-$(python3 -c 'from kgen.catalog import op_names; print(*op_names())')}; do
+    python3 -m kgen bench "$op" --out "$RAW" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$RAW/bench-$op.log"
   done
 fi
+tar czf "$OUT/results.tgz" -C "$RAW" .
 exit $status

@@ -34,6 +34,7 @@ def test_every_kernel_compiles_without_spills_or_local_memory(tmp_path):
     def compile_one(target):
         project = write_project(target, tmp_path)
         log = compile_kernel(project, target.op, load_profile(target.arch), tmp_path / f"{target.kernel_name}.o")
+        assert "warning" not in log.lower(), f"{target.kernel_name}: nvcc warnings\n{log[:2000]}"
         return target, parse_ptxas(log)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:

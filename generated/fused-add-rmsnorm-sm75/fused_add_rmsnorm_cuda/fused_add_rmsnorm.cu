@@ -169,7 +169,6 @@ namespace {
 constexpr int kWarpSize = 32;
 constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
 constexpr int64_t kMinBlocks = 80;  // planner.min_blocks_per_sm × 40 SMs
-constexpr int64_t kResidentThreads = 40960;  // 40 SMs × 1024 threads
 
 template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
@@ -262,9 +261,8 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
     }
   } else {
     int k = 0;
-    // Global rows: two accesses in flight per iteration (4 deep made ptxas spill, nvcc 13.0, fp16).
-    // Shared rows: not unrolled (2 deep spilled for layernorm's three passes on sm_80).
-#pragma unroll(STORAGE == RowStorage::kGlobal ? 2 : 1)
+    // Two accesses in flight per iteration (4 deep made ptxas spill, nvcc 13.0, fp16).
+#pragma unroll 2
     for (int64_t i = lane; i < count; i += THREADS_PER_ROW, ++k) f(k, i);
   }
 }
@@ -279,7 +277,8 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
 // The 1 (at least one resident block) lets ptxas use the registers it needs: with the thread count
-// alone it capped fused_add_rmsnorm's bf16 kernels at 48 registers and spilled (nvcc 13.0, sm_90).
+// alone it capped fused_add_rmsnorm's bf16 kernels at 48 registers and spilled (nvcc 13.0, sm_90),
+// and layernorm's shared-memory rows on sm_80.
 __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK, 1)
 fused_add_rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual, int64_t residual_row_stride, const T* __restrict__ weight, T* __restrict__ out, int64_t out_row_stride, T* __restrict__ residual_out, int64_t residual_out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
@@ -382,6 +381,24 @@ cudaError_t launch_config(const FusedAddRmsnormArgs& args, const Params& params,
   return cudaGetLastError();
 }
 
+// Whether all blocks of the register configuration that loads the weight with the row are
+// resident at once on the current device: the CUDA occupancy API (cached) times the SM count.
+template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES>
+bool fits_in_one_wave(int64_t rows) {
+  static const int blocks_per_sm = [] {
+    int blocks = 0;  // stays 0 if the query fails: the multi-wave configuration is always safe
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, fused_add_rmsnorm_fwd_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, RowStorage::kRegisters, true>,
+        THREADS_PER_ROW * ROWS_PER_BLOCK, 0);
+    return blocks;
+  }();
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return false;
+  return ceil_div<int64_t>(rows, ROWS_PER_BLOCK) <= int64_t(blocks_per_sm) * sms;
+}
+
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // float32: the configurations listed in the header, picked by row bytes and alignment.
@@ -406,29 +423,34 @@ cudaError_t launch_float32(const FusedAddRmsnormArgs& args, const Params& params
       ++config;
     // One wave (every block resident at once): latency dominates, so the weight is loaded with the
     // row; with more waves its registers are better spent on occupancy.
-    const bool one_wave = config < kConfigs &&
-        ceil_div(args.rows, kRowsPerBlock[config]) * kRowsPerBlock[config] * kThreadsPerRow[config] <= kResidentThreads;
     switch (config) {
       case 0:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 8, 32, 1>(args.rows))
+          return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, false>(args, params, stream);
       case 1:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 16, 16, 1>(args.rows))
+          return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, false>(args, params, stream);
       case 2:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 32, 8, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 3:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 64, 4, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 4:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 128, 2, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 5:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 256, 1, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 6:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 512, 1, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
       default: break;
@@ -468,29 +490,34 @@ cudaError_t launch_float16(const FusedAddRmsnormArgs& args, const Params& params
       ++config;
     // One wave (every block resident at once): latency dominates, so the weight is loaded with the
     // row; with more waves its registers are better spent on occupancy.
-    const bool one_wave = config < kConfigs &&
-        ceil_div(args.rows, kRowsPerBlock[config]) * kRowsPerBlock[config] * kThreadsPerRow[config] <= kResidentThreads;
     switch (config) {
       case 0:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 8, 32, 1>(args.rows))
+          return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 8, 32, 1, RowStorage::kRegisters, false>(args, params, stream);
       case 1:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 16, 16, 1>(args.rows))
+          return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 16, 16, 1, RowStorage::kRegisters, false>(args, params, stream);
       case 2:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 32, 8, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 3:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 64, 4, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 4:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 128, 2, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 5:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 256, 1, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 6:
-        if (one_wave) return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 512, 1, 4>(args.rows))
+          return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 7: return launch_config<T, Epilogue, kVector, 512, 1, 8, RowStorage::kRegisters, false>(args, params, stream);
       default: break;
