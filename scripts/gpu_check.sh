@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' | tee -a "$RAW/device.txt"
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest tests -m gpu -p no:cacheprovider -q -rfEs --junitxml="$RAW/gpu-junit.xml" ${PYTEST_ARGS:-} \
+  python3 -m pytest tests -m gpu -p no:cacheprovider -q -rfEs -o junit_family=xunit1 --junitxml="$RAW/gpu-junit.xml" ${PYTEST_ARGS:-} \
     2>&1 | tee "$RAW/gpu-tests.log" | grep -v "^DEBUG"
   status=${PIPESTATUS[0]}
 fi

@@ -193,3 +193,21 @@ def test_torch_compile_fullgraph(kernels_by_op, op):
     got, want = compiled(*inputs), block(*inputs)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert torch._dynamo.explain(block)(*inputs).graph_break_count == 0
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_generated_project_runs_its_own_test_and_benchmark(built, op):
+    """What a user of the published kernel runs: the project's tests/ and benchmarks/."""
+    import os
+    import subprocess
+    import sys
+
+    project, _ = built(op)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
+                           capture_output=True, text=True, env=env, cwd=project)
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+    assert " passed" in tests.stdout and "skipped" not in tests.stdout.splitlines()[-1]
+    bench = subprocess.run([sys.executable, str(project / "benchmarks" / f"benchmark_{op}.py")],
+                           capture_output=True, text=True, env=env, cwd=project)
+    assert bench.returncode == 0 and "GB/s" in bench.stdout, bench.stdout[-2000:] + bench.stderr[-2000:]
