@@ -174,7 +174,6 @@ def build_project(project: Path, op: str, python_name: str, kernel_name: str, pr
         files["ptxas.log"] = ptxas_log
         files[lib] = (tmp / lib).read_bytes()
         write_tree(files, out)
-    step(f"built {out}")
     return out
 
 

@@ -105,6 +105,16 @@ def _shape(text: str) -> tuple[int, int]:
     return rows, dims[-1]
 
 
+def _dtype(name: str) -> str:
+    from .planner import DTYPE_BYTES
+
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(name, name)
+    if name not in DTYPE_BYTES:
+        raise KgenError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)")
+    return name
+
+
 @app.command()
 @_user_errors
 def explain(
@@ -114,12 +124,9 @@ def explain(
     shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096 or 2x4096x3072")] = "8192x4096",
 ) -> None:
     """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
-    from .planner import DTYPE_BYTES, plan_launch
+    from .planner import plan_launch
 
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    dtype = aliases.get(dtype, dtype)
-    if dtype not in DTYPE_BYTES:
-        raise KgenError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)")
+    dtype = _dtype(dtype)
     spec, profile = load_spec(op), load_profile(arch)
     rows, hidden = _shape(shape)
     plan = plan_launch(spec, profile, dtype, rows, hidden)
@@ -160,11 +167,12 @@ def bench(
     out: Annotated[Path, typer.Option("--out", help="where the JSON results go")] = Path("bench/results"),
     repeats: Annotated[int, typer.Option(help="timed runs per implementation and shape")] = 100,
     build_dir: Annotated[Path, typer.Option("--build-dir", help="project root to build into")] = Path("build/bench"),
+    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
 ) -> None:
-    """Time the kgen kernel against eager, PyTorch's fused op and torch.compile on this GPU."""
+    """Time the kgen kernel against the op's peers (eager, PyTorch's fused op) and torch.compile on this GPU."""
     from .bench import run_bench
 
-    run_bench(op, out=out, repeats=repeats, build_root=build_dir, console=console)
+    run_bench(op, out=out, repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype))
 
 
 def main() -> None:  # pragma: no cover
