@@ -69,9 +69,9 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     for elems_per_access in (VECTOR_BYTES // elem, 1):
         buckets += _buckets(profile, elem, elems_per_access, len(spec.row_values), len(spec.column_inputs))
     notes = {
-        "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when x, weight and out "
-                       f"are {VECTOR_BYTES}-byte aligned and hidden and row strides are multiples of "
-                       f"{VECTOR_BYTES // elem}: the widest global access a thread can issue",
+        "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when "
+                       f"{', '.join(t.name for t in spec.tensors)} are {VECTOR_BYTES}-byte aligned and hidden and "
+                       f"row strides are multiples of {VECTOR_BYTES // elem}: the widest global access a thread can issue",
         "scalar path": "otherwise one element per access, the row re-read from L2 instead of cached: "
                        "correct for any alignment and any hidden size",
         "clusters": ("not used: one block holds rows up to "

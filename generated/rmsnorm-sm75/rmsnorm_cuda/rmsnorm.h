@@ -4,7 +4,7 @@
 // arch: sm_75 (Tesla T4), 40 SMs, 64 KB shared memory per block
 // dtypes: float32, float16
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
-//   vector path: 16-byte accesses (4 × float32) when x, weight and out are 16-byte aligned and hidden and row strides are multiples of 4: the widest global access a thread can issue
+//   vector path: 16-byte accesses (4 × float32) when x, weight, out are 16-byte aligned and hidden and row strides are multiples of 4: the widest global access a thread can issue
 //   scalar path: otherwise one element per access, the row re-read from L2 instead of cached: correct for any alignment and any hidden size
 //   clusters: not available on sm_75 (profile: clusters = false)
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
