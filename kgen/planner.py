@@ -107,6 +107,8 @@ def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_values:
         if elems_per_access > 1:
             accesses = -(-step.max_row_bytes // (access_bytes * threads))
             budget = facts.row_register_bytes_per_thread
+            if row_values * accesses * access_bytes > budget:
+                continue  # several row values would not fit: longer steps or shared memory take these rows
             reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the {budget} B "
                                   "budget (profile planner.row_register_bytes_per_thread): one read, one write")
             storage = "registers"
