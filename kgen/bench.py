@@ -118,6 +118,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{op}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"{op}.md").write_text(markdown(result))
+    plot(result, out / f"{op}.png")
     table = Table(title=f"{op} {dtype} on {result['device']} (median µs)")
     names = list(rows_out[0]["times_us"])
     for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen"]:
@@ -129,6 +130,35 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
                       f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-")
     console.print(table)
     return result
+
+
+def plot(result: dict, path: Path) -> None:
+    """Effective GB/s against bytes moved, one line per implementation, with the same-size copies
+    and the 4 GiB-copy ceiling measured in the same run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(result["rows"], key=lambda r: r["min_bytes"])
+    mb = [r["min_bytes"] / 1e6 for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for name in rows[0]["times_us"]:
+        # markers only: shapes of different hidden sizes can move the same bytes
+        ax.plot(mb, [r["min_bytes"] / r["times_us"][name] / 1e3 for r in rows], linestyle="none", label=name,
+                marker="o" if name == "kgen" else "x", markersize=8 if name == "kgen" else 6)
+    ax.plot(mb, [r["min_bytes"] / r["copy_same_us"] / 1e3 for r in rows], "k--", label="copy_ of the same bytes")
+    ax.axhline(result["large_copy_gbs"], color="gray", linestyle=":",
+               label=f"4 GiB copy_: {result['large_copy_gbs']:.0f} GB/s")
+    ax.set_xscale("log")
+    ax.set_xlabel("minimum bytes moved (MB)")
+    ax.set_ylabel("effective bandwidth (GB/s)")
+    ax.set_title(f"{result['op']} {result['dtype']} on {result['device']}, torch {result['torch']}, {result['date']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown(result: dict) -> str:

@@ -175,5 +175,23 @@ def bench(
     run_bench(op, out=out, repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype))
 
 
+@app.command()
+@_user_errors
+def plot(
+    op: Annotated[str, typer.Argument(help="op name")],
+    results: Annotated[Path, typer.Option("--results", help="folder with <op>.json from `kgen bench`")] = Path("bench/results"),
+) -> None:
+    """Redraw <op>.png (GB/s against bytes moved, with the copy ceilings) from a `kgen bench` JSON."""
+    import json
+
+    from .bench import plot as draw
+
+    source = results / f"{op}.json"
+    if not source.is_file():
+        raise KgenError(f"no benchmark results at {source}: run `kgen bench {op}` on a GPU first")
+    draw(json.loads(source.read_text()), results / f"{op}.png")
+    console.print(f"wrote {results / f'{op}.png'}")
+
+
 def main() -> None:  # pragma: no cover
     app()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from kgen.catalog import arch_names, op_names
@@ -68,3 +70,14 @@ def test_build_one_with_dtype(tmp_path):
     assert result.exit_code == 0, result.output
     cu = (tmp_path / "rmsnorm-sm75" / "rmsnorm_cuda" / "rmsnorm.cu").read_text()
     assert "dtypes: float16\n" in cu and "__nv_bfloat16 from_float" in cu and "launch_bfloat16" not in cu
+
+
+def test_plot_from_committed_results(tmp_path):
+    import shutil
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "bench" / "results" / "rmsnorm.json", tmp_path)
+    result = run("plot", "rmsnorm", "--results", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "rmsnorm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = run("plot", "layernorm", "--results", str(tmp_path))
+    assert missing.exit_code == 2 and "run `kgen bench layernorm` on a GPU first" in missing.output
