@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .catalog import KgenError, data_dir, load_profile, load_spec
+from .catalog import KgenError, data_dir, load_spec
 
 LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
@@ -70,7 +70,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     target = resolve_target(op, arch)
     project = write_project(target, build_root)
     console.print(f"building {target.kernel_name} ...")
-    build_project(project, target.op, target.python_name, target.kernel_name, load_profile(arch))
+    build_project(project, target)
     kernel = getattr(load(project), op)
     torch_dtype = getattr(torch, dtype)
     timer = Timer(torch, repeats)

@@ -21,7 +21,7 @@ from typing import Callable
 
 from .catalog import KgenError, arch_names, load_profile
 from .profile import ArchProfile
-from .render import render_local_files, write_tree
+from .render import Target, render_local_files, write_tree
 
 CXX = os.environ.get("CXX", "c++")
 
@@ -125,9 +125,10 @@ def ops_name(project: Path, python_name: str, flags: list[str]) -> str:
     return f"_{python_name}_cuda_{digest.hexdigest()[:10]}"
 
 
-def build_project(project: Path, op: str, python_name: str, kernel_name: str, profile: ArchProfile,
-                  step: Callable[[str], None] = lambda _: None) -> Path:
-    """Compiles and links the project into project/build/<variant>/ (replaced atomically)."""
+def build_project(project: Path, target: Target, step: Callable[[str], None] = lambda _: None) -> Path:
+    """Compiles and links the target's project into project/build/<variant>/ (replaced atomically)."""
+    op, python_name, kernel_name = target.op, target.python_name, target.kernel_name
+    profile = load_profile(target.arch)
     torch, torch_root = _torch_env()
     nvcc = find_nvcc()
     home = cuda_home(nvcc)

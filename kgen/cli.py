@@ -85,9 +85,7 @@ def build(
             if compile_:
                 from .builder import build_project
 
-                variant = build_project(path, target.op, target.python_name, target.kernel_name,
-                                        load_profile(target.arch),
-                                        step=lambda msg: progress.update(task, description=msg))
+                variant = build_project(path, target, step=lambda msg: progress.update(task, description=msg))
                 progress.advance(task)
                 progress.console.print(f"built {variant}")
 

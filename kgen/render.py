@@ -129,7 +129,7 @@ def _context(target: Target) -> dict:
     return {
         "min_blocks": profile.planner.min_blocks_per_sm * profile.sm_count,
         "op": op, "op_camel": "".join(w.title() for w in op.split("_")), "spec": spec, "profile": profile,
-        "spec_hash": spec_hash(op), "banner": banner, "kgen_version": __version__,
+        "spec_hash": spec_hash(op), "banner": banner,
         "kernel_name": target.kernel_name, "python_name": target.python_name,
         "tensors": spec.tensors, "inputs": spec.inputs, "row_inputs": spec.row_inputs,
         "column_inputs": spec.column_inputs, "outputs": spec.outputs, "params": spec.params,

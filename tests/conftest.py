@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from kgen.builder import build_project, device_arch, load
-from kgen.catalog import load_profile
 from kgen.render import resolve_target, write_project
 
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
@@ -51,7 +50,7 @@ def built(build_root):
         if (op, arch) not in cache:
             target = resolve_target(op, arch)
             project = write_project(target, build_root)
-            build_project(project, target.op, target.python_name, target.kernel_name, load_profile(arch))
+            build_project(project, target)
             cache[op, arch] = (project, load(project))
         return cache[op, arch]
 

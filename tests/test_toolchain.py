@@ -54,7 +54,7 @@ def cpu_built(tmp_path_factory):
 
     target = resolve_target("rmsnorm", "sm_90")
     project = write_project(target, root)
-    build_project(project, target.op, target.python_name, target.kernel_name, load_profile("sm_90"))
+    build_project(project, target)
     return target, project
 
 
