@@ -23,11 +23,41 @@ LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
 
 
-def suite(op: str) -> list[list[int]]:
+def suite(op: str) -> list[tuple[list[int], bool]]:
+    """(shape, per_batch) pairs: an entry is the outputs' shape, or {shape = [...], per_batch = true}
+    where broadcast inputs are [..., 1, hidden] (one row per batch)."""
     table = tomllib.loads((data_dir("bench") / "shapes.toml").read_text())
     if op not in table:
         raise KgenError(f"bench/shapes.toml has no shapes for {op!r}")
-    return table[op]["shapes"]
+    return [(e["shape"], e.get("per_batch", False)) if isinstance(e, dict) else (e, False)
+            for e in table[op]["shapes"]]
+
+
+def tensor_shape(t, shape, per_batch: bool = False) -> tuple[int, ...]:
+    """The shape of the spec's tensor t when the op's outputs have ``shape``."""
+    shape = tuple(shape)
+    if t.packed:
+        return (*shape[:-1], 2 * shape[-1])
+    if not t.per_row:
+        return shape[-1:]
+    if t.broadcast and per_batch and len(shape) >= 2:
+        return (*shape[:-2], 1, shape[-1])
+    return shape
+
+
+def example_inputs(spec, shape, dtype, *, per_batch: bool = False, generator=None, magnitude: float = 1.0,
+                   present: dict[str, bool] | None = None) -> list:
+    """Fresh random inputs (normal, times ``magnitude``) for the op at ``shape``; None for the
+    optional inputs that ``present`` leaves out."""
+    import torch
+
+    return [None if t.optional and not (present or {}).get(t.name, True) else
+            (torch.randn(tensor_shape(t, shape, per_batch), generator=generator, device="cuda") * magnitude).to(dtype)
+            for t in spec.inputs]
+
+
+def shape_label(shape, per_batch: bool) -> str:
+    return "×".join(map(str, shape)) + (" per batch" if per_batch else "")
 
 
 class Timer:
@@ -82,15 +112,14 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
                   f"{large_copy:.0f} µs = {ceiling:.0f} GB/s")
     params = [p.default for p in spec.params]
     rows_out = []
-    for shape in suite(op):
-        hidden = shape[-1]
-        inputs = [torch.randn(shape, device="cuda").to(torch_dtype) if t.per_row
-                  else torch.randn(hidden, device="cuda").to(torch_dtype) for t in spec.inputs]
+    for shape, per_batch in suite(op):
+        inputs = example_inputs(spec, shape, torch_dtype, per_batch=per_batch)
         numel = 1
         for d in shape:
             numel *= d
         elem = inputs[0].element_size()
-        min_bytes = (numel * (len(spec.row_inputs) + len(spec.outputs)) + hidden * len(spec.column_inputs)) * elem
+        # each input read once, each output written once
+        min_bytes = (sum(t.numel() for t in inputs) + numel * len(spec.outputs)) * elem
         same_copy = timer.copy_us(min_bytes)
         times = {"kgen": timer.median_us(lambda: kernel(*inputs, *params))}
         for name, fn in peers.items():
@@ -104,7 +133,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
             times[compiled_name] = timer.median_us(lambda: compiled(*inputs, *params))
         best_peer = min(t for name, t in times.items() if name != "kgen") if peers else None
         rows_out.append({
-            "shape": shape, "min_bytes": min_bytes, "copy_same_us": same_copy, "times_us": times,
+            "shape": shape, "per_batch": per_batch, "min_bytes": min_bytes, "copy_same_us": same_copy, "times_us": times,
             "kgen_gbs": min_bytes / times["kgen"] / 1e3,
             "kgen_pct_large_copy": 100 * min_bytes / times["kgen"] / 1e3 / ceiling,
             "kgen_pct_same_copy": 100 * same_copy / times["kgen"],
@@ -124,7 +153,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen"]:
         table.add_column(col, justify="right")
     for r in rows_out:
-        table.add_row("×".join(map(str, r["shape"])), f"{r['min_bytes'] / 1e6:.1f}",
+        table.add_row(shape_label(r["shape"], r.get("per_batch", False)), f"{r['min_bytes'] / 1e6:.1f}",
                       *[f"{r['times_us'][n]:.1f}" for n in names], f"{r['kgen_gbs']:.0f}",
                       f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
                       f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-")
@@ -172,7 +201,7 @@ def markdown(result: dict) -> str:
              "|---" * (len(names) + 6) + "|"]
     for r in result["rows"]:
         ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
-        lines.append(f"| {'×'.join(map(str, r['shape']))} | {r['min_bytes'] / 1e6:.1f} | "
+        lines.append(f"| {shape_label(r['shape'], r.get('per_batch', False))} | {r['min_bytes'] / 1e6:.1f} | "
                      + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
                      + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} |")
     return "\n".join(lines) + "\n"

@@ -65,6 +65,7 @@ def build(
     all_: Annotated[bool, typer.Option("--all", help="every op × every arch profile")] = False,
     out: Annotated[Path, typer.Option("--out", help="output root; each project goes to OUT/<op>-<arch>")] = Path("generated"),
     compile_: Annotated[bool, typer.Option("--compile", help="also compile a local build variant (nvcc + CUDA torch)")] = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="projects compiled at once (each runs 2 compilers)")] = 1,
 ) -> None:
     """Write kernel-builder projects (and with --compile, a local build `kernels` loads)."""
     from .render import resolve_target, write_project
@@ -77,17 +78,25 @@ def build(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         task = progress.add_task("writing projects", total=len(targets) * (2 if compile_ else 1))
+        paths = []
         for target in targets:
             progress.update(task, description=f"writing {target.kernel_name}")
-            path = write_project(target, out)
+            paths.append(write_project(target, out))
             progress.advance(task)
-            progress.console.print(f"wrote {path}")
-            if compile_:
-                from .builder import build_project
+            progress.console.print(f"wrote {paths[-1]}")
+        if compile_:
+            from concurrent.futures import ThreadPoolExecutor
 
+            from .builder import build_project
+
+            def compile_one(path, target):
                 variant = build_project(path, target, step=lambda msg: progress.update(task, description=msg))
                 progress.advance(task)
                 progress.console.print(f"built {variant}")
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                for future in [pool.submit(compile_one, p, t) for p, t in zip(paths, targets)]:
+                    future.result()
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -128,29 +137,13 @@ def explain(
     spec, profile = load_spec(op), load_profile(arch)
     rows, hidden = _shape(shape)
     plan = plan_launch(spec, profile, dtype, rows, hidden)
-    b = plan.bucket
     console.print(f"[bold]{op}[/] on {profile.name} ({', '.join(d.name for d in profile.devices)}), "
                   f"{dtype}, {rows} rows × hidden {hidden}")
     table = Table(show_lines=False)
     for col in ("choice", "value", "why"):
         table.add_column(col)
-    table.add_row("accesses", f"{b.elems_per_access * plan.kernel.elem_bytes} B ({b.elems_per_access} elements)",
-                  plan.vector_reason + "; " + plan.kernel.notes["vector path" if b.vectorized else "scalar path"])
-    table.add_row("threads per row", str(b.threads_per_row), plan.widened or b.reasons["threads_per_row"])
-    table.add_row("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"])
-    table.add_row("block", f"{b.block_threads} threads", "threads per row × rows per block")
-    table.add_row("reduction", b.reduction, "threads per row <= warp size (32)" if b.threads_per_row <= 32
-                  else f"{b.threads_per_row // 32} warps per row exchange partial sums once")
-    table.add_row("row lives in", b.storage, b.reasons["storage"])
-    if "columns" in b.reasons:
-        waves = "one wave: every block resident" if plan.columns_early or not b.columns_fit else \
-            "several waves: registers are better spent on occupancy"
-        table.add_row("weight", "with the row" if plan.columns_early else "after the reduction",
-                      f"{b.reasons['columns']}; {waves}")
-    table.add_row("clusters", "no", plan.kernel.notes["clusters"])
-    table.add_row("grid", f"{plan.grid} blocks", f"ceil({rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
-                  f"({plan.grid / profile.sm_count:.1f} blocks per SM)")
-    table.add_row("shared memory", f"{plan.shared_bytes} B dynamic", "the row" if plan.shared_bytes else "only reduction scratch")
+    for choice in plan.choices(profile):
+        table.add_row(*choice)
     console.print(table)
     console.print(f"minimum traffic: {plan.min_bytes / 1e6:.2f} MB (each input read once, each output written once)")
     for device in profile.devices:

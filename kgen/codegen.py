@@ -13,7 +13,8 @@ class CudaPrinter(C99CodePrinter):
     products instead of powf for small integer powers, and ``to_io_dtype``."""
 
     def __init__(self, names: dict[str, str]):
-        super().__init__({"type_aliases": {real: float32}})
+        # no math macros: M_SQRT2 and friends are doubles and would pull the arithmetic into fp64
+        super().__init__({"type_aliases": {real: float32}, "math_macros": {}})
         self._names = names
 
     def _print_Symbol(self, symbol):
@@ -27,6 +28,11 @@ class CudaPrinter(C99CodePrinter):
             factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
             return "(" + "*".join([factor] * int(exp)) + ")"
         return super()._print_Pow(expr)
+
+    def _print_NumberSymbol(self, expr):  # pi, E, ...: an fp32 literal
+        return f"{float(expr)!r}F"
+
+    _print_Pi = _print_Exp1 = _print_NumberSymbol
 
     def _print_to_io_dtype(self, expr):
         return f"round_to_io<T>({self._print(expr.args[0])})"

@@ -8,13 +8,16 @@ loaded, so a malformed spec fails with the spec, the field and what was expected
 Symbols an expression may use:
 - a tensor's name stands for that tensor's element at the current position (fp32);
 - a param's name stands for its value;
-- ``hidden`` (the reduced size) and ``inv_hidden`` (1/hidden rounded to fp32);
+- a packed input's two halves, by the names in its ``halves``;
+- ``hidden`` (the last dim of the outputs) and ``inv_hidden`` (1/hidden rounded to fp32);
 - inside a reduction's ``finalize``: ``row_sum``, the sum of the summand over the row;
 - every statistic of an earlier reduction (all of them in an epilogue).
 """
 
 from __future__ import annotations
 
+import builtins
+import dis
 import inspect
 import re
 from typing import Annotated, Any, Callable, Literal
@@ -47,12 +50,15 @@ def _sympy_expr(value: Any) -> sp.Expr:
 
 SympyExpr = Annotated[sp.Expr, PlainValidator(_sympy_expr)]
 
-_DIMS = re.compile(r"^(\*rows )?hidden$")
+_DIMS = re.compile(r"^(\*rows )?(2\*)?hidden$")
 
 
 class Tensor(BaseModel):
-    """A tensor argument or result. ``dims`` is ``"*rows hidden"`` (any number of
-    leading dims, reduced over the last) or ``"hidden"`` (one value per column)."""
+    """A tensor argument or result. ``dims`` is ``"*rows hidden"`` (any number of leading dims,
+    the op working along the last), ``"hidden"`` (one value per column) or ``"*rows 2*hidden"``
+    (a packed input: two halves along the last dim, named by ``halves``, e.g. GEGLU's hidden and
+    gate). ``broadcast`` lets a '*rows hidden' input broadcast over x's leading dims (e.g. a
+    per-batch [B, 1, C] modulation beside a [B, S, C] x)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Identifier
@@ -61,13 +67,15 @@ class Tensor(BaseModel):
     dtype: Literal["io"] = "io"  # the op's I/O dtype: float32, float16 or bfloat16
     optional: bool = False
     absent_value: float | None = None  # the element value used when an optional input is None
+    halves: tuple[Identifier, Identifier] | None = None
+    broadcast: bool = False
     doc: str = ""
 
     @field_validator("dims")
     @classmethod
     def _dims(cls, dims: str) -> str:
         if not _DIMS.match(dims):
-            raise ValueError(f"dims must be '*rows hidden' or 'hidden', got {dims!r}")
+            raise ValueError(f"dims must be '*rows hidden', 'hidden' or '*rows 2*hidden', got {dims!r}")
         return dims
 
     @model_validator(mode="after")
@@ -76,7 +84,18 @@ class Tensor(BaseModel):
             raise ValueError(f"optional tensor {self.name!r} needs absent_value (its element value when None)")
         if self.optional and self.role == "output":
             raise ValueError(f"output {self.name!r} cannot be optional")
+        if (self.halves is not None) != self.packed:
+            raise ValueError(f"tensor {self.name!r}: 'halves' names the two halves of a '*rows 2*hidden' "
+                             "input, and such an input needs them")
+        if self.packed and (self.role == "output" or self.optional):
+            raise ValueError(f"packed tensor {self.name!r} must be a required input")
+        if self.broadcast and (self.dims != "*rows hidden" or self.role == "output"):
+            raise ValueError(f"tensor {self.name!r}: only a '*rows hidden' input can broadcast")
         return self
+
+    @property
+    def packed(self) -> bool:
+        return self.dims.endswith("2*hidden")
 
     @property
     def per_row(self) -> bool:
@@ -103,19 +122,32 @@ class Reduction(BaseModel):
 
 
 class Convention(BaseModel):
-    """One numerics convention: the epilogue expression of every output, and whom it matches."""
+    """One numerics convention: the epilogue expression of every output, and whom it matches.
+    ``prologue`` (row_reduce) replaces the structure's prologue expressions where a library
+    rounds differently on the way in."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     name: Identifier
     matches: str
     outputs: dict[str, SympyExpr]
+    prologue: dict[str, SympyExpr] = {}
+
+
+class Elementwise(BaseModel):
+    """Each output element from the inputs' elements at the same position (a packed input's
+    halves at the same column), per convention. The first convention is the default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    kind: Literal["elementwise"] = "elementwise"
+    conventions: list[Convention] = Field(min_length=1)
 
 
 class RowReduce(BaseModel):
     """An optional prologue (per-element values computed from the '*rows hidden' inputs, kept on
     chip in the I/O dtype in their place, e.g. r = x + residual), reductions over the last dim (in
     order; a later one may use earlier stats), then an elementwise epilogue per convention. The
-    first convention is the default."""
+    first convention is the default. Row inputs that only the epilogue uses are read there, not
+    kept on chip."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     kind: Literal["row_reduce"] = "row_reduce"
@@ -154,7 +186,7 @@ class OpSpec(BaseModel):
     summary: str = Field(min_length=1)
     tensors: list[Tensor] = Field(min_length=2)
     params: list[Param] = []
-    structure: RowReduce
+    structure: RowReduce | Elementwise = Field(discriminator="kind")
     reference: Callable[..., Any]
     layers: list[Layer] = []
     # Implementations users run today, called like the op (inputs, then params): the benchmark's
@@ -163,45 +195,59 @@ class OpSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> OpSpec:
-        names = [t.name for t in self.tensors] + [p.name for p in self.params]
-        stats = [r.stat for r in self.structure.reductions]
-        values = list(self.structure.prologue)
-        outputs_ = {t.name for t in self.tensors if t.role == "output"}
-        names += [v for v in values if v not in outputs_]  # a prologue value may be written as an output
+        structure = self.structure
+        reductions = getattr(structure, "reductions", [])
+        prologue = getattr(structure, "prologue", {})
+        halves = [h for t in self.tensors if t.halves for h in t.halves]
+        names = [t.name for t in self.tensors] + [p.name for p in self.params] + halves
+        stats = [r.stat for r in reductions]
+        outputs = {t.name for t in self.tensors if t.role == "output"}
+        names += [v for v in prologue if v not in outputs]  # a prologue value may be written as an output
         dupes = {n for n in names + stats if (names + stats).count(n) > 1}
         if dupes:
-            raise ValueError(f"names must be unique across tensors, params and stats; repeated: {sorted(dupes)}")
+            raise ValueError(f"names must be unique across tensors, halves, params and stats; repeated: {sorted(dupes)}")
         clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"})
         if clash:
             raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols")
         row_inputs = [t for t in self.tensors if t.role == "input" and t.per_row]
-        if not row_inputs or row_inputs[0].name != "x":
-            raise ValueError("a row_reduce op's first '*rows hidden' input must be named 'x' "
+        if not row_inputs or row_inputs[0].name != "x" or row_inputs[0].broadcast:
+            raise ValueError("an op's first '*rows ...' input must be named 'x' and not broadcast "
                              "(the tensor whose dtype, device and shape the op follows)")
         flags = [t.optional for t in self.tensors if t.role == "input"]
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
         ref_params = inspect.signature(self.reference).parameters
-        if len(self.structure.conventions) > 1 and "convention" not in ref_params:
+        foreign = _global_names(self.reference.__code__) - REFERENCE_GLOBALS - set(dir(builtins))
+        if foreign:
+            raise ValueError(f"reference uses {sorted(foreign)} from its module; a generated project's test "
+                             f"copies the reference alone, with {sorted(REFERENCE_GLOBALS)} imported")
+        if len(structure.conventions) > 1 and "convention" not in ref_params:
             raise ValueError("reference must take a `convention` argument (the op has several conventions)")
-        outputs = {t.name for t in self.tensors if t.role == "output"}
         if not outputs or any(not t.per_row for t in self.tensors if t.role == "output"):
-            raise ValueError("a row_reduce op needs '*rows hidden' outputs only, and at least one")
+            raise ValueError("an op needs '*rows hidden' outputs only, and at least one")
 
-        row_inputs = {t.name for t in self.tensors if t.role == "input" and t.per_row}
-        columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row}
         params = {p.name for p in self.params}
         known = set(params) | BUILTIN_SYMBOLS
-        for name, expr in self.structure.prologue.items():
-            _check_symbols(expr, row_inputs | known, f"structure.prologue.{name}")
-        row_values = set(values) or row_inputs  # what the later passes read from the row
-        inputs = row_values | columns
-        for i, red in enumerate(self.structure.reductions):
-            _check_symbols(red.summand, row_values | known, f"structure.reductions.{i}.summand")
-            _check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize")
-            known.add(red.stat)
+        columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row}
+        if structure.kind == "elementwise":
+            if columns or any(t.broadcast for t in self.tensors):
+                raise ValueError("an elementwise op takes '*rows hidden' and '*rows 2*hidden' inputs only "
+                                 "(no per-column or broadcast inputs)")
+            inputs = {t.name for t in row_inputs if not t.packed} | set(halves)
+        else:
+            if any(t.packed for t in self.tensors):
+                raise ValueError("packed '*rows 2*hidden' inputs belong to elementwise ops")
+            row_names = {t.name for t in row_inputs}
+            for name, expr in prologue.items():
+                _check_symbols(expr, row_names | known, f"structure.prologue.{name}")
+            row_values = set(prologue) or row_names  # what the later passes read from the row
+            for i, red in enumerate(reductions):
+                _check_symbols(red.summand, row_values | known, f"structure.reductions.{i}.summand")
+                _check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize")
+                known.add(red.stat)
+            inputs = row_values | columns | set(self.late_inputs)
         seen = set()
-        for i, conv in enumerate(self.structure.conventions):
+        for i, conv in enumerate(structure.conventions):
             if conv.name in seen:
                 raise ValueError(f"structure.conventions.{i}.name: {conv.name!r} is repeated")
             seen.add(conv.name)
@@ -210,7 +256,13 @@ class OpSpec(BaseModel):
                                  f"{sorted(outputs)}, got {sorted(conv.outputs)}")
             for out, expr in conv.outputs.items():
                 _check_symbols(expr, inputs | known, f"structure.conventions.{i}.outputs.{out}")
-        op_args = inputs | params
+            if not set(conv.prologue) <= set(prologue):
+                raise ValueError(f"structure.conventions.{i}.prologue: may only replace the structure's prologue "
+                                 f"values {sorted(prologue)}, got {sorted(conv.prologue)}")
+            for name, expr in conv.prologue.items():
+                _check_symbols(expr, {t.name for t in row_inputs} | set(params) | BUILTIN_SYMBOLS,
+                               f"structure.conventions.{i}.prologue.{name}")
+        op_args = {t.name for t in self.tensors if t.role == "input"} | params
         for i, layer in enumerate(self.layers):
             if layer.convention not in seen:
                 raise ValueError(f"layers.{i}.convention: {layer.convention!r} is not one of {sorted(seen)}")
@@ -239,12 +291,38 @@ class OpSpec(BaseModel):
 
     @property
     def row_values(self) -> list[str]:
-        """The per-element values kept on chip: the prologue's, else the row inputs."""
-        return list(self.structure.prologue) or [t.name for t in self.row_inputs]
+        """row_reduce: the per-element values kept on chip: the prologue's, else the row inputs
+        the reductions read."""
+        structure = self.structure
+        if structure.kind != "row_reduce":
+            return []
+        if structure.prologue:
+            return list(structure.prologue)
+        used = {str(s) for r in structure.reductions for s in r.summand.free_symbols}
+        return [t.name for t in self.row_inputs if t.name in used or t.name == "x"]
+
+    @property
+    def late_inputs(self) -> list[str]:
+        """row_reduce: the row inputs only the epilogue reads (read there, never kept on chip)."""
+        structure = self.structure
+        if structure.kind != "row_reduce":
+            return []
+        prologues = [structure.prologue] + [c.prologue for c in structure.conventions]
+        early = {str(s) for p in prologues for e in p.values() for s in e.free_symbols} | set(self.row_values)
+        return [t.name for t in self.row_inputs if t.name not in early]
 
     @property
     def default_convention(self) -> str:
         return self.structure.conventions[0].name
+
+
+def _global_names(code) -> set[str]:
+    """The module-level names a function (and the functions nested in it) reads."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _global_names(const)
+    return names
 
 
 def _check_symbols(expr: sp.Expr, allowed: set[str], where: str) -> None:
@@ -257,4 +335,5 @@ def _check_symbols(expr: sp.Expr, allowed: set[str], where: str) -> None:
                          f"supported: {sorted(SUPPORTED_FUNCTIONS)}")
 
 
+REFERENCE_GLOBALS = {"torch", "F", "math"}  # torch.nn.functional as F
 SUPPORTED_FUNCTIONS = {"to_io_dtype", "exp", "log", "tanh", "erf", "sqrt", "Abs", "Max", "Min"}

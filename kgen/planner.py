@@ -51,6 +51,7 @@ class KernelPlan:
     elem_bytes: int
     buckets: list[Bucket]
     notes: dict[str, str]
+    kind: str = "row_reduce"  # the spec's structure
 
 
 def check_dtype(profile: ArchProfile, dtype: str) -> None:
@@ -63,6 +64,8 @@ def check_dtype(profile: ArchProfile, dtype: str) -> None:
 
 def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     check_dtype(profile, dtype)
+    if spec.structure.kind == "elementwise":
+        return _plan_elementwise(spec, profile, dtype)
     elem = DTYPE_BYTES[dtype]
     facts = profile.planner
     buckets = []
@@ -80,6 +83,26 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
         "block_threads": f"{facts.block_threads} threads per block when rows are short (profile planner.block_threads)",
     }
     return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes)
+
+
+def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
+    """One thread per access of each output: no reduction, nothing kept, so the only choices are
+    the access width and the block size."""
+    elem = DTYPE_BYTES[dtype]
+    threads = profile.planner.block_threads
+    reasons = {"threads_per_row": f"{threads} threads per block, each one access of every tensor at one "
+                                  "position (profile planner.block_threads); rows are flattened",
+               "rows_per_block": "rows are flattened: a block covers consecutive positions",
+               "storage": "nothing kept: each element is read once and written once"}
+    buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, 1)]
+    notes = {
+        "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when every tensor "
+                       f"(each half of a packed one) is {VECTOR_BYTES}-byte aligned and hidden and row strides "
+                       f"are multiples of {VECTOR_BYTES // elem}: the widest global access a thread can issue",
+        "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
+        "block_threads": reasons["threads_per_row"],
+    }
+    return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes, "elementwise")
 
 
 def _largest_on_chip(profile: ArchProfile) -> int:
@@ -161,6 +184,42 @@ class LaunchPlan:
         return self.min_bytes / (bandwidth_gbs * 1e9) * 1e6
 
 
+    def choices(self, profile: ArchProfile) -> list[tuple[str, str, str]]:
+        """(choice, value, why) for every knob of this launch: what `kgen explain` prints."""
+        b, kernel = self.bucket, self.kernel
+        rows = [("accesses", f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
+                 self.vector_reason + "; " + kernel.notes["vector path" if b.vectorized else "scalar path"])]
+        if kernel.kind == "elementwise":
+            return rows + [
+                ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
+                ("grid", f"{self.grid} blocks", f"ceil({self.rows} × {self.hidden} / {b.elems_per_access} "
+                 f"accesses / {b.block_threads}) on {profile.sm_count} SMs"),
+                ("storage", "none", b.reasons["storage"])]
+        rows += [
+            ("threads per row", str(b.threads_per_row), self.widened or b.reasons["threads_per_row"]),
+            ("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"]),
+            ("block", f"{b.block_threads} threads", "threads per row × rows per block"),
+            ("reduction", b.reduction, "threads per row <= warp size (32)" if b.threads_per_row <= 32
+             else f"{b.threads_per_row // 32} warps per row exchange partial sums once"),
+            ("row lives in", b.storage, b.reasons["storage"])]
+        if "columns" in b.reasons:
+            waves = "one wave: every block resident" if self.columns_early or not b.columns_fit else \
+                "several waves: registers are better spent on occupancy"
+            rows.append(("weight", "with the row" if self.columns_early else "after the reduction",
+                         f"{b.reasons['columns']}; {waves}"))
+        return rows + [
+            ("clusters", "no", kernel.notes["clusters"]),
+            ("grid", f"{self.grid} blocks", f"ceil({self.rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
+             f"({self.grid / profile.sm_count:.1f} blocks per SM)"),
+            ("shared memory", f"{self.shared_bytes} B dynamic", "the row" if self.shared_bytes else "only reduction scratch")]
+
+
+def min_bytes(spec: OpSpec, rows: int, hidden: int, elem: int) -> int:
+    """Each input read once and each output written once (broadcast inputs counted per row)."""
+    per_row = sum(2 if t.packed else 1 for t in spec.tensors if t.per_row)
+    return (rows * per_row + len(spec.column_inputs)) * hidden * elem
+
+
 def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int) -> LaunchPlan:
     """The configuration the generated launcher picks for a contiguous, aligned tensor."""
     kernel = plan_kernel(spec, profile, dtype)
@@ -174,6 +233,11 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
                      f"hidden {hidden} is not a multiple of {VECTOR_BYTES // elem}: scalar accesses")
     wanted = VECTOR_BYTES // elem if vector else 1
     candidates = [b for b in kernel.buckets if b.elems_per_access == wanted]
+    if kernel.kind == "elementwise":
+        b = candidates[0]
+        grid = -(-rows * (hidden // wanted) // b.block_threads)
+        return LaunchPlan(kernel, b, rows, hidden, grid, 0, min_bytes(spec, rows, hidden, elem), vector_reason,
+                          None, False)
     index = next(i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)
     bucket, widened = widen(candidates, index, rows, hidden, profile), None
     if bucket is not candidates[index]:
@@ -184,9 +248,8 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
     grid = -(-rows // bucket.rows_per_block)
     columns_early = bucket.columns_fit and one_wave(grid, bucket, profile)
     shared = row_bytes if bucket.storage == "shared" else 0
-    row_tensors = len(spec.row_inputs) + len(spec.outputs)
-    min_bytes = rows * row_bytes * row_tensors + len(spec.column_inputs) * row_bytes
-    return LaunchPlan(kernel, bucket, rows, hidden, grid, shared, min_bytes, vector_reason, widened, columns_early)
+    return LaunchPlan(kernel, bucket, rows, hidden, grid, shared, min_bytes(spec, rows, hidden, elem), vector_reason,
+                      widened, columns_early)
 
 
 def one_wave(grid: int, bucket: Bucket, profile: ArchProfile) -> bool:

@@ -70,6 +70,9 @@ def _environment() -> jinja2.Environment:
 def plan_lines(plans: list[KernelPlan]) -> list[str]:
     """The plan as text: the rule behind each knob, then every compiled configuration."""
     lines = [f"{key}: {why}" for key, why in plans[0].notes.items()]
+    if plans[0].kind == "elementwise":
+        return lines + [f"{kp.dtype}: " + ", ".join(f"{b.elems_per_access} elem/access" for b in kp.buckets)
+                        + f"; {kp.buckets[0].block_threads} threads/block" for kp in plans]
     for kp in plans:
         lines.append(f"{kp.dtype}:")
         for b in kp.buckets:
@@ -86,28 +89,73 @@ def plan_lines(plans: list[KernelPlan]) -> list[str]:
     return lines
 
 
-def _context(target: Target) -> dict:
-    spec, profile = load_spec(target.op), load_profile(target.arch)
-    plans = [plan_kernel(spec, profile, dtype) for dtype in target.dtypes]
-    op = spec.name
-    names = {p.name: f"params.{p.name}" for p in spec.params}
+def _element(t, source: str) -> str:
+    """The fp32 value of tensor t's element j in the access ``source`` (its absent value if None)."""
+    value = f"to_float({source}.v[j])"
+    return f"({t.name} != nullptr ? {value} : {float(t.absent_value)!r}f)" if t.optional else value
+
+
+def _row_reduce_context(spec, names: dict[str, str]) -> dict:
     names |= {r.stat: f"stats.{r.stat}" for r in spec.structure.reductions}
-    names |= {"hidden": "params.hidden", "inv_hidden": "params.inv_hidden"}
     reductions = [{
         "stat": r.stat, "summand_src": str(r.summand), "finalize_src": str(r.finalize),
         "summand": statements({"partial": r.summand}, names),
         "finalize": statements({"stat": r.finalize}, names),
     } for r in spec.structure.reductions]
     values = spec.row_values
-    prologue = statements({f"{v}_out": e for v, e in spec.structure.prologue.items()}, names)
+    late = [t for t in spec.row_inputs if t.name in spec.late_inputs]
+    early = [t for t in spec.row_inputs if t.name not in spec.late_inputs]
+    conventions = [{
+        "name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
+        "lines": statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
+        "prologue": statements({f"{v}_out": e for v, e in (spec.structure.prologue | c.prologue).items()}, names),
+    } for i, c in enumerate(spec.structure.conventions)]
+    return {
+        "reductions": reductions, "conventions": conventions, "values": values,
+        "prologue": bool(spec.structure.prologue),
+        "early_inputs": early, "late_inputs": late,
+        "row_args": ", ".join(f"float {t.name}" for t in early),
+        "value_args": ", ".join(f"float {v}" for v in values),
+        "values_j": ", ".join(f"{v}_f[j]" for v in values),
+        "prologue_out_args": ", ".join(f"float& {v}_out" for v in values),
+        "prologue_elems": ", ".join(_element(t, f"{t.name}_in") for t in early),
+        "all_args": ", ".join([f"float {v}" for v in values] + [f"float {t.name}" for t in late]
+                              + [f"float {t.name}" for t in spec.column_inputs]),
+        "value_elems": ", ".join(f"to_float(vals.{v}.v[j])" for v in values),
+        "epilogue_elems": ", ".join([f"to_float(vals.{v}.v[j])" for v in values]
+                                    + [_element(t, f"{t.name}_v") for t in late + spec.column_inputs]),
+    }
+
+
+def _elementwise_context(spec, names: dict[str, str]) -> dict:
+    sources = []
+    for t in spec.row_inputs:
+        halves = t.halves or (t.name,)
+        sources += [{"name": h, "tensor": t.name, "second_half": i == 1} for i, h in enumerate(halves)]
     conventions = [{
         "name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
         "lines": statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
     } for i, c in enumerate(spec.structure.conventions)]
+    return {
+        "conventions": conventions, "sources": sources,
+        "source_args": ", ".join(f"float {s['name']}" for s in sources),
+        "source_elems": ", ".join(f"to_float({s['name']}_in.v[j])" for s in sources),
+    }
 
-    def element(t, source):
-        value = f"to_float({source}.v[j])"
-        return f"({t.name} != nullptr ? {value} : {float(t.absent_value)!r}f)" if t.optional else value
+
+EXAMPLE_SHAPES = {  # a Python expression of `shape` (the outputs' shape) per tensor kind
+    "row": "shape", "packed": "(*shape[:-1], 2 * shape[-1])", "column": "shape[-1:]"}
+
+
+def _context(target: Target) -> dict:
+    spec, profile = load_spec(target.op), load_profile(target.arch)
+    plans = [plan_kernel(spec, profile, dtype) for dtype in target.dtypes]
+    op = spec.name
+    names = {p.name: f"params.{p.name}" for p in spec.params}
+    names |= {"hidden": "params.hidden", "inv_hidden": "params.inv_hidden"}
+    kind = spec.structure.kind
+    ctx = (_row_reduce_context if kind == "row_reduce" else _elementwise_context)(spec, names)
+    conventions = ctx["conventions"]
 
     py_params = [f"{t.name}: Optional[torch.Tensor] = None" if t.optional else f"{t.name}: torch.Tensor"
                  for t in spec.inputs] + [f"{p.name}: float = {p.default!r}" for p in spec.params]
@@ -117,7 +165,9 @@ def _context(target: Target) -> dict:
     call = ", ".join([t.name for t in spec.inputs] + [p.name for p in spec.params])
     banner = (f"Generated by kgen {__version__} from ops/{op}.py (spec {spec_hash(op)}) for {profile.name}. "
               f"Do not edit: regenerate with `kgen build {op} --arch {profile.name}`.")
-    empty = "torch.empty_like(x, memory_format=torch.contiguous_format)"
+    x = spec.row_inputs[0]
+    out_shape = "list(x.shape[:-1]) + [x.shape[-1] // 2]" if x.packed else "x.shape"
+    empty = f"torch.empty({out_shape}, dtype=x.dtype, device=x.device)"
     kernel_params, launch_args = [], []
     for t in spec.row_inputs + spec.column_inputs + spec.outputs:
         const = "" if t.role == "output" else "const "
@@ -126,14 +176,20 @@ def _context(target: Target) -> dict:
         if t.per_row:
             kernel_params.append(f"int64_t {t.name}_row_stride")
             launch_args.append(f"args.{t.name}_row_stride")
-    return {
+        if t.broadcast:
+            kernel_params.append(f"int64_t {t.name}_outer_stride")
+            launch_args.append(f"args.{t.name}_outer_stride")
+    example = {t.name: EXAMPLE_SHAPES["packed" if t.packed else "row" if t.per_row else "column"] for t in spec.inputs}
+    return ctx | {
+        "kind": kind, "block_threads": profile.planner.block_threads,
         "min_blocks": profile.planner.min_blocks_per_sm * profile.sm_count,
         "op": op, "op_camel": "".join(w.title() for w in op.split("_")), "spec": spec, "profile": profile,
         "spec_hash": spec_hash(op), "banner": banner,
         "kernel_name": target.kernel_name, "python_name": target.python_name,
         "tensors": spec.tensors, "inputs": spec.inputs, "row_inputs": spec.row_inputs,
         "column_inputs": spec.column_inputs, "outputs": spec.outputs, "params": spec.params,
-        "reductions": reductions, "conventions": conventions,
+        "broadcast_inputs": [t for t in spec.inputs if t.broadcast], "x_packed": x.packed,
+        "example_shape": example,
         "suffix": {c["name"]: c["suffix"] for c in conventions},
         "plans": [{"dtype": kp.dtype, "ctype": CTYPES[kp.dtype], "aten": ATEN[kp.dtype],
                    "vector_elems": 16 // kp.elem_bytes, "buckets": kp.buckets,
@@ -141,17 +197,7 @@ def _context(target: Target) -> dict:
                    "tolerance": SMOKE_TOLERANCE[kp.dtype]} for kp in plans],
         "plan_lines": plan_lines(plans),
         "plan_markdown": "```\n" + "\n".join(plan_lines(plans)) + "\n```",
-        "values": values, "prologue": prologue,
-        "row_args": ", ".join(f"float {t.name}" for t in spec.row_inputs),
-        "value_args": ", ".join(f"float {v}" for v in values),
-        "values_j": ", ".join(f"{v}_f[j]" for v in values),
-        "prologue_out_args": ", ".join(f"float& {v}_out" for v in values),
-        "prologue_elems": ", ".join(f"to_float({t.name}_in.v[j])" for t in spec.row_inputs),
-        "all_args": ", ".join([f"float {v}" for v in values] + [f"float {t.name}" for t in spec.column_inputs]),
         "out_args": ", ".join(f"float& {t.name}_out" for t in spec.outputs),
-        "value_elems": ", ".join(f"to_float(vals.{v}.v[j])" for v in values),
-        "epilogue_elems": ", ".join([f"to_float(vals.{v}.v[j])" for v in values]
-                                    + [element(t, f"{t.name}_v") for t in spec.column_inputs]),
         "out_elems": ", ".join(f"{t.name}_f[j]" for t in spec.outputs),
         "kernel_params": ", ".join(kernel_params), "launch_args": ", ".join(launch_args),
         "py_signature": ", ".join(py_params), "py_call": call,
@@ -167,6 +213,7 @@ def _context(target: Target) -> dict:
         "cpp_signature": ", ".join(cpp_params), "cpp_call": call, "schema_args": ", ".join(schema),
         "reference_source": textwrap.dedent(inspect.getsource(spec.reference)),
         "reference_name": spec.reference.__name__,
+        "reference_takes_convention": "convention" in inspect.signature(spec.reference).parameters,
     }
 
 
@@ -178,7 +225,8 @@ def _cuda_header(ctx: dict) -> str:
              f"arch: {profile.name} ({', '.join(d.name for d in profile.devices)}), "
              f"{profile.sm_count} SMs, {profile.max_shared_memory_per_block // 1024} KB shared memory per block",
              f"dtypes: {', '.join(p['dtype'] for p in ctx['plans'])}",
-             "plan (one configuration per hidden-size bucket; the launcher picks at run time):"]
+             "plan (one configuration per hidden-size bucket; the launcher picks at run time):"
+             if ctx["kind"] == "row_reduce" else "plan (the launcher picks the access width at run time):"]
     lines += ["  " + line for line in ctx["plan_lines"]]
     return "\n".join(("// " + line).rstrip() for line in lines)
 
@@ -198,8 +246,8 @@ def render_project(target: Target) -> dict[str, str]:
         "flake.nix": render("project/flake.nix.j2"),
         "CARD.md": render("project/CARD.md.j2"),
         ".gitignore": "build/\n__pycache__/\n",
-        f"{op}_cuda/{op}.cu": render("row_reduce.cu.j2"),
-        f"{op}_cuda/{op}.h": render("row_reduce.h.j2"),
+        f"{op}_cuda/{op}.cu": render(f"{ctx['kind']}.cu.j2"),
+        f"{op}_cuda/{op}.h": render("kernel.h.j2"),
         "torch-ext/torch_binding.h": render("project/torch_binding.h.j2"),
         "torch-ext/torch_binding.cpp": render("project/torch_binding.cpp.j2"),
         f"torch-ext/{pkg}/__init__.py": render("project/__init__.py.j2"),

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
-LINE_BUDGET = 1600
+LINE_BUDGET = 2000  # kgen/ stays small: ops, templates and profiles carry the rest
 
 # module -> the kgen modules it may import
 ALLOWED = {

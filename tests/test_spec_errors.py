@@ -17,6 +17,7 @@ GOOD = {
     "reductions": '[Reduction(stat="rstd", summand=x**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))]',
     "conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * weight})]',
     "layers": '[]',
+    "ref_body": "return x",
 }
 
 TEMPLATE = """
@@ -24,7 +25,7 @@ import sympy as sp
 from kgen.dsl import *
 x, y, weight, eps, rstd = sp.symbols("x y weight eps rstd")
 def ref(x, weight=None, eps=1e-6, convention="plain"):
-    return x
+    {ref_body}
 spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={params},
               structure=RowReduce(reductions={reductions}, conventions={conventions}),
               reference=ref, layers={layers})
@@ -33,7 +34,7 @@ spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={param
 CASES = [
     ({"name": '"Bad-Op"'}, ["OpSpec.name: String should match pattern"]),
     ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
-     ["Tensor.dims: Value error, dims must be '*rows hidden' or 'hidden', got 'rows d'"]),
+     ["Tensor.dims: Value error, dims must be '*rows hidden', 'hidden' or '*rows 2*hidden', got 'rows d'"]),
     ({"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
      ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"]),
     ({"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
@@ -45,16 +46,26 @@ CASES = [
     ({"tensors": GOOD["tensors"].replace(", absent_value=1.0", "")},
      ["optional tensor 'weight' needs absent_value"]),
     ({"tensors": GOOD["tensors"].replace('name="x"', 'name="inp"')},
-     ["first '*rows hidden' input must be named 'x'"]),
+     ["first '*rows ...' input must be named 'x'"]),
+    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden"', 1)},
+     ["Tensor: Value error, tensor 'x': 'halves' names the two halves of a '*rows 2*hidden' input"]),
+    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden", halves=("a", "b")', 1)},
+     ["packed '*rows 2*hidden' inputs belong to elementwise ops"]),
+    ({"tensors": GOOD["tensors"].replace('optional=True', 'optional=True, broadcast=True')},
+     ["tensor 'weight': only a '*rows hidden' input can broadcast"]),
+    ({"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd}, prologue={"r": x})]'},
+     ["structure.conventions.0.prologue: may only replace the structure's prologue values [], got ['r']"]),
     ({"conventions": '[Convention(name="plain", matches="-", outputs={"y": x})]'},
      ["structure.conventions.0.outputs: expected one expression for each of ['out'], got ['y']"]),
+    ({"ref_body": "return sp.Abs(x) * torch.ones(1)"},
+     ["reference uses ['sp'] from its module; a generated project's test copies the reference alone"]),
     ({"conventions": '[]'}, ["RowReduce.conventions: List should have at least 1 item"]),
     ({"tensors": GOOD["tensors"].replace('role="output"', 'role="result"')},
      ["Tensor.role: Input should be 'input' or 'output'"]),
     ({"params": '[Param(name="eps", default=1e-6, positive=True, unit="s")]'},
      ["Param.unit: Extra inputs are not permitted"]),
     ({"params": '[Param(name="rstd", default=1.0)]'},
-     ["names must be unique across tensors, params and stats; repeated: ['rstd']"]),
+     ["names must be unique across tensors, halves, params and stats; repeated: ['rstd']"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
                 'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'},
      ["Layer.bind: Value error, bind['weight'] must be a forward argument or 'self.<attribute>', got 'self.weight; import os'"]),

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "../fused_add_rmsnorm_cuda/fused_add_rmsnorm.h"
 #include "registration.h"
@@ -49,9 +50,18 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_forward(const torch::
   TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
   const kgen_fused_add_rmsnorm::DType dtype = io_dtype(x, op);
   const int64_t hidden = x.size(-1);
-  check_device(residual, op, "residual", x);
-  TORCH_CHECK_TYPE(residual.scalar_type() == x.scalar_type(), op, ": residual has dtype ", c10::toString(residual.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
-  TORCH_CHECK_VALUE(residual.sizes() == x.sizes(), op, ": residual has shape ", shape_str(residual.sizes()), " but x has ", shape_str(x.sizes()));
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = hidden;
+  {
+    const torch::Tensor& residual_t = residual;
+    check_device(residual_t, op, "residual", x);
+    TORCH_CHECK_TYPE(residual_t.scalar_type() == x.scalar_type(), op, ": residual has dtype ",
+                     c10::toString(residual_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(residual_t.sizes() == c10::IntArrayRef(expected), op, ": residual has shape ",
+                      shape_str(residual_t.sizes()), " but must have shape ", shape_str(expected));
+  }
   if (weight.has_value()) {
     const torch::Tensor& weight_t = *weight;
     check_device(weight_t, op, "weight", x);
@@ -70,19 +80,20 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_forward(const torch::
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device()));
   TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_75 but ",
               x.device().str(), " is sm_", std::to_string(major * 10 + minor));
+  torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor residual_out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (x.numel() == 0) return std::make_tuple(out, residual_out);
 
-  // A [rows, hidden] view with unit stride in the last dim; anything else is copied once.
-  auto as_rows = [hidden](const torch::Tensor& t) {
-    torch::Tensor rows = t.reshape({-1, hidden});
+  // A [rows, width] view with unit stride in the last dim; anything else is copied once.
+  auto as_rows = [](const torch::Tensor& t, int64_t width) {
+    torch::Tensor rows = t.reshape({-1, width});
     return rows.stride(1) == 1 ? rows : rows.contiguous();
   };
-  const torch::Tensor x_rows = as_rows(x);
-  const torch::Tensor residual_rows = as_rows(residual);
+  const torch::Tensor x_rows = as_rows(x, hidden);
+  const torch::Tensor residual_rows = as_rows(residual, hidden);
   const std::optional<torch::Tensor> weight_col =
       weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
-  torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const torch::Tensor out_rows = out.view({-1, hidden});
-  torch::Tensor residual_out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const torch::Tensor residual_out_rows = residual_out.view({-1, hidden});
 
   kgen_fused_add_rmsnorm::FusedAddRmsnormArgs args{};

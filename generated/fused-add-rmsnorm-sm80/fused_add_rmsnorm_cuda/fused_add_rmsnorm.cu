@@ -189,13 +189,16 @@ template <typename T, int ELEMS> __device__ __forceinline__ Pack<T, ELEMS> pack(
   return p;
 }
 
+constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
+
+template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
+
+inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 namespace {
 
 constexpr int kWarpSize = 32;
-constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
 constexpr int64_t kMinBlocks = 216;  // planner.min_blocks_per_sm × 108 SMs
-
-template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -209,12 +212,6 @@ struct Params {
 struct Stats {
   float rstd;
 };
-// Prologue: the per-element values kept on chip (residual_out), rounded to the I/O dtype.
-template <typename T>
-__device__ __forceinline__ void prologue(float x, float residual, const Params& params, float& residual_out_out) {
-  residual_out_out = round_to_io<T>(residual + x);
-}
-
 
 // rstd: summand residual_out**2, finalize 1/sqrt(eps + inv_hidden*row_sum)
 __device__ __forceinline__ float rstd_summand(float residual_out, const Stats& stats, const Params& params) {
@@ -231,6 +228,12 @@ __device__ __forceinline__ float rstd_finalize(float row_sum, const Stats& stats
 
 // Convention single_rounding: x + residual, then torch.nn.RMSNorm / F.rms_norm
 struct Convention_single_rounding {
+  // Prologue: the per-element values kept on chip (residual_out), rounded to the I/O dtype.
+  template <typename T>
+  __device__ __forceinline__ static void prologue(float x, float residual, const Params& params, float& residual_out_out) {
+    residual_out_out = round_to_io<T>(residual + x);
+  }
+
   template <typename T>
   __device__ __forceinline__ static void apply(float residual_out, float weight, const Stats& stats, const Params& params,
                                               float& out_out, float& residual_out_out) {
@@ -241,6 +244,12 @@ struct Convention_single_rounding {
 
 // Convention transformers: a transformers decoder layer: residual + x, then LlamaRMSNorm / Qwen3RMSNorm
 struct Convention_transformers {
+  // Prologue: the per-element values kept on chip (residual_out), rounded to the I/O dtype.
+  template <typename T>
+  __device__ __forceinline__ static void prologue(float x, float residual, const Params& params, float& residual_out_out) {
+    residual_out_out = round_to_io<T>(residual + x);
+  }
+
   template <typename T>
   __device__ __forceinline__ static void apply(float residual_out, float weight, const Stats& stats, const Params& params,
                                               float& out_out, float& residual_out_out) {
@@ -335,7 +344,7 @@ fused_add_rmsnorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, cons
     const Access residual_in = residual_row[i];
     float residual_out_f[ELEMS];
 #pragma unroll
-    for (int j = 0; j < ELEMS; ++j) prologue<T>(to_float(x_in.v[j]), to_float(residual_in.v[j]), params, residual_out_f[j]);
+    for (int j = 0; j < ELEMS; ++j) Epilogue::template prologue<T>(to_float(x_in.v[j]), to_float(residual_in.v[j]), params, residual_out_f[j]);
     vals.residual_out = pack<T>(residual_out_f);
     return vals;
   };
@@ -423,8 +432,6 @@ bool fits_in_one_wave(int64_t rows) {
     return false;
   return ceil_div<int64_t>(rows, ROWS_PER_BLOCK) <= int64_t(blocks_per_sm) * sms;
 }
-
-bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // float32: the configurations listed in the header, picked by row bytes and alignment.
 template <typename Epilogue>

@@ -164,13 +164,16 @@ template <typename T, int ELEMS> __device__ __forceinline__ Pack<T, ELEMS> pack(
   return p;
 }
 
+constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
+
+template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
+
+inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 namespace {
 
 constexpr int kWarpSize = 32;
-constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
 constexpr int64_t kMinBlocks = 80;  // planner.min_blocks_per_sm × 40 SMs
-
-template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -403,8 +406,6 @@ bool fits_in_one_wave(int64_t rows) {
     return false;
   return ceil_div<int64_t>(rows, ROWS_PER_BLOCK) <= int64_t(blocks_per_sm) * sms;
 }
-
-bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // float32: the configurations listed in the header, picked by row bytes and alignment.
 template <typename Epilogue>

@@ -122,7 +122,8 @@ enum class DType { k_float32, k_float16 };
 // Numerics conventions; the first is the default.
 enum class Convention { k_single_rounding };
 
-// One launch of layernorm: tensors are viewed as [rows, hidden] with a row stride in elements.
+// One launch of layernorm: tensors are viewed as [rows, hidden] ([rows, 2 * hidden] when packed) with a
+// row stride in elements.
 struct LayernormArgs {
   const void* x;
   int64_t x_row_stride;

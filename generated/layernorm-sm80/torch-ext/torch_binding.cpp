@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "../layernorm_cuda/layernorm.h"
 #include "registration.h"
@@ -50,6 +51,8 @@ torch::Tensor layernorm_forward(const torch::Tensor& x, const std::optional<torc
   TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
   const kgen_layernorm::DType dtype = io_dtype(x, op);
   const int64_t hidden = x.size(-1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = hidden;
   if (weight.has_value()) {
     const torch::Tensor& weight_t = *weight;
     check_device(weight_t, op, "weight", x);
@@ -78,18 +81,19 @@ torch::Tensor layernorm_forward(const torch::Tensor& x, const std::optional<torc
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device()));
   TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_80 but ",
               x.device().str(), " is sm_", std::to_string(major * 10 + minor));
+  torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (x.numel() == 0) return out;
 
-  // A [rows, hidden] view with unit stride in the last dim; anything else is copied once.
-  auto as_rows = [hidden](const torch::Tensor& t) {
-    torch::Tensor rows = t.reshape({-1, hidden});
+  // A [rows, width] view with unit stride in the last dim; anything else is copied once.
+  auto as_rows = [](const torch::Tensor& t, int64_t width) {
+    torch::Tensor rows = t.reshape({-1, width});
     return rows.stride(1) == 1 ? rows : rows.contiguous();
   };
-  const torch::Tensor x_rows = as_rows(x);
+  const torch::Tensor x_rows = as_rows(x, hidden);
   const std::optional<torch::Tensor> weight_col =
       weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
   const std::optional<torch::Tensor> bias_col =
       bias.has_value() ? std::optional<torch::Tensor>(bias->contiguous()) : std::nullopt;
-  torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const torch::Tensor out_rows = out.view({-1, hidden});
 
   kgen_layernorm::LayernormArgs args{};

@@ -147,7 +147,8 @@ enum class DType { k_float32, k_float16, k_bfloat16 };
 // Numerics conventions; the first is the default.
 enum class Convention { k_single_rounding, k_transformers };
 
-// One launch of rmsnorm: tensors are viewed as [rows, hidden] with a row stride in elements.
+// One launch of rmsnorm: tensors are viewed as [rows, hidden] ([rows, 2 * hidden] when packed) with a
+// row stride in elements.
 struct RmsnormArgs {
   const void* x;
   int64_t x_row_stride;

@@ -40,7 +40,7 @@ def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias
         torch._check(bias.dtype == x.dtype, lambda: f"layernorm: bias has dtype {bias.dtype} but x has {x.dtype}")
         torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
                      lambda: f"layernorm: bias must have shape [{x.shape[-1]}], got {list(bias.shape)}")
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 torch.library.register_fake(add_op_namespace_prefix("layernorm"))(_layernorm_fake)

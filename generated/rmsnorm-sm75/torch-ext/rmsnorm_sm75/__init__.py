@@ -38,7 +38,7 @@ def _rmsnorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: f
         torch._check(weight.dtype == x.dtype, lambda: f"rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
                      lambda: f"rmsnorm: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 torch.library.register_fake(add_op_namespace_prefix("rmsnorm"))(_rmsnorm_fake)

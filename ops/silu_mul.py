@@ -1,0 +1,48 @@
+"""SwiGLU activation of the Llama/Qwen MLP from two tensors: out = silu(x) · up, where x is
+gate_proj's output and up is up_proj's.
+
+Order: reference, the implementations it replaces, then the spec.
+"""
+
+import sympy as sp
+import torch
+import torch.nn.functional as F
+
+from kgen.dsl import Convention, Elementwise, OpSpec, Tensor, to_io_dtype
+
+x, up = sp.symbols("x up")
+silu = x / (1 + sp.exp(-x))
+
+
+def silu_mul_ref(x: torch.Tensor, up: torch.Tensor, convention: str = "single_rounding") -> torch.Tensor:
+    """float64 reference."""
+    activated = F.silu(x.double())
+    if convention == "transformers":
+        activated = activated.to(x.dtype).double()
+    elif convention != "single_rounding":
+        raise ValueError(f"unknown convention {convention!r}")
+    return activated * up.double()
+
+
+def transformers_mlp_activation(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """LlamaMLP: act_fn(gate_proj(x)) * up_proj(x)."""
+    return F.silu(x) * up
+
+
+spec = OpSpec(
+    name="silu_mul",
+    summary="SwiGLU: silu(gate) · up from two tensors",
+    tensors=[
+        Tensor(name="x", dims="*rows hidden", doc="the gate projection's output"),
+        Tensor(name="up", dims="*rows hidden", doc="the up projection's output, same shape and dtype"),
+        Tensor(name="out", dims="*rows hidden", role="output"),
+    ],
+    structure=Elementwise(conventions=[
+        Convention(name="single_rounding", outputs={"out": silu * up},
+                   matches="silu(gate) · up in fp32, rounded once"),
+        Convention(name="transformers", outputs={"out": to_io_dtype(silu) * up},
+                   matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product"),
+    ]),
+    reference=silu_mul_ref,
+    peers={"eager (transformers MLP activation)": transformers_mlp_activation},
+)
