@@ -12,6 +12,7 @@ import datetime
 import json
 import platform
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -23,19 +24,47 @@ LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
 
 
-def suite(op: str) -> list[tuple[list[int], bool]]:
-    """(shape, per_batch) pairs: an entry is the outputs' shape, or {shape = [...], per_batch = true}
-    where broadcast inputs are [..., 1, hidden] (one row per batch)."""
+@dataclass(frozen=True)
+class Case:
+    """One benchmark shape: the outputs' (for rotary ops, x's) shape; broadcast inputs per batch
+    ([..., 1, hidden]) or per token; params other than their defaults; a second rotated tensor's
+    head count."""
+
+    shape: tuple[int, ...]
+    per_batch: bool = False
+    params: tuple[tuple[str, float], ...] = ()
+    k_heads: int | None = None
+
+    @property
+    def label(self) -> str:
+        extra = [f"{k}={v:g}" for k, v in self.params] + ([f"k heads {self.k_heads}"] if self.k_heads else [])
+        return shape_label(self.shape, self.per_batch) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def suite(op: str) -> list[Case]:
+    """An entry is a shape, or {shape = [...], per_batch = true, params = {...}, k_heads = N}."""
     table = tomllib.loads((data_dir("bench") / "shapes.toml").read_text())
     if op not in table:
         raise KgenError(f"bench/shapes.toml has no shapes for {op!r}")
-    return [(e["shape"], e.get("per_batch", False)) if isinstance(e, dict) else (e, False)
-            for e in table[op]["shapes"]]
+    return [Case(tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads"))
+            if isinstance(e, dict) else Case(tuple(e)) for e in table[op]["shapes"]]
 
 
-def tensor_shape(t, shape, per_batch: bool = False) -> tuple[int, ...]:
-    """The shape of the spec's tensor t when the op's outputs have ``shape``."""
+def param_values(spec, case: Case) -> list:
+    given = dict(case.params)
+    return [type_(given.get(p.name, p.default)) for p in spec.params for type_ in [int if p.integer else float]]
+
+
+def tensor_shape(spec, t, shape, per_batch: bool = False, k_heads: int | None = None) -> tuple[int, ...]:
+    """The shape of the spec's tensor t when the op's outputs (a rotary op's x) have ``shape``."""
     shape = tuple(shape)
+    if spec.structure.kind == "rotary":
+        if t.name in ("cos", "sin"):  # x's shape without the head dim, batch 1 when per_batch
+            table = shape[:1] + shape[2:] if len(shape) == 4 else shape
+            return (1, *table[1:]) if per_batch and len(table) == 3 else table
+        if t.name != "x" and len(shape) == 4 and k_heads:
+            return (shape[0], k_heads, *shape[2:])
+        return shape
     if t.packed:
         return (*shape[:-1], 2 * shape[-1])
     if not t.per_row:
@@ -45,14 +74,15 @@ def tensor_shape(t, shape, per_batch: bool = False) -> tuple[int, ...]:
     return shape
 
 
-def example_inputs(spec, shape, dtype, *, per_batch: bool = False, generator=None, magnitude: float = 1.0,
-                   present: dict[str, bool] | None = None) -> list:
-    """Fresh random inputs (normal, times ``magnitude``) for the op at ``shape``; None for the
-    optional inputs that ``present`` leaves out."""
+def example_inputs(spec, shape, dtype, *, per_batch: bool = False, k_heads: int | None = None, generator=None,
+                   magnitude: float = 1.0, present: dict[str, bool] | None = None) -> list:
+    """Fresh random inputs (normal, times ``magnitude``; float32 tensors in float32) for the op at
+    ``shape``; None for the optional inputs that ``present`` leaves out."""
     import torch
 
     return [None if t.optional and not (present or {}).get(t.name, True) else
-            (torch.randn(tensor_shape(t, shape, per_batch), generator=generator, device="cuda") * magnitude).to(dtype)
+            (torch.randn(tensor_shape(spec, t, shape, per_batch, k_heads), generator=generator, device="cuda")
+             * magnitude).to(torch.float32 if t.dtype == "float32" else dtype)
             for t in spec.inputs]
 
 
@@ -110,16 +140,15 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     ceiling = LARGE_COPY_BYTES / large_copy / 1e3
     console.print(f"{torch.cuda.get_device_name()}: {LARGE_COPY_BYTES >> 30} GiB-traffic copy "
                   f"{large_copy:.0f} µs = {ceiling:.0f} GB/s")
-    params = [p.default for p in spec.params]
     rows_out = []
-    for shape, per_batch in suite(op):
-        inputs = example_inputs(spec, shape, torch_dtype, per_batch=per_batch)
-        numel = 1
-        for d in shape:
-            numel *= d
-        elem = inputs[0].element_size()
+    for case in suite(op):
+        params = param_values(spec, case)
+        inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
+        outputs = kernel(*inputs, *params)
         # each input read once, each output written once
-        min_bytes = (sum(t.numel() for t in inputs) + numel * len(spec.outputs)) * elem
+        min_bytes = sum(t.numel() * t.element_size()
+                        for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])])
+        del outputs
         same_copy = timer.copy_us(min_bytes)
         times = {"kgen": timer.median_us(lambda: kernel(*inputs, *params))}
         for name, fn in peers.items():
@@ -133,7 +162,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
             times[compiled_name] = timer.median_us(lambda: compiled(*inputs, *params))
         best_peer = min(t for name, t in times.items() if name != "kgen") if peers else None
         rows_out.append({
-            "shape": shape, "per_batch": per_batch, "min_bytes": min_bytes, "copy_same_us": same_copy, "times_us": times,
+            "shape": list(case.shape), "label": case.label, "min_bytes": min_bytes, "copy_same_us": same_copy, "times_us": times,
             "kgen_gbs": min_bytes / times["kgen"] / 1e3,
             "kgen_pct_large_copy": 100 * min_bytes / times["kgen"] / 1e3 / ceiling,
             "kgen_pct_same_copy": 100 * same_copy / times["kgen"],
@@ -153,7 +182,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen"]:
         table.add_column(col, justify="right")
     for r in rows_out:
-        table.add_row(shape_label(r["shape"], r.get("per_batch", False)), f"{r['min_bytes'] / 1e6:.1f}",
+        table.add_row(r.get("label", shape_label(r["shape"], False)), f"{r['min_bytes'] / 1e6:.1f}",
                       *[f"{r['times_us'][n]:.1f}" for n in names], f"{r['kgen_gbs']:.0f}",
                       f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
                       f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-")
@@ -201,7 +230,7 @@ def markdown(result: dict) -> str:
              "|---" * (len(names) + 6) + "|"]
     for r in result["rows"]:
         ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
-        lines.append(f"| {shape_label(r['shape'], r.get('per_batch', False))} | {r['min_bytes'] / 1e6:.1f} | "
+        lines.append(f"| {r.get('label', shape_label(r['shape'], False))} | {r['min_bytes'] / 1e6:.1f} | "
                      + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
                      + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} |")
     return "\n".join(lines) + "\n"

@@ -34,6 +34,16 @@ class CudaPrinter(C99CodePrinter):
 
     _print_Pi = _print_Exp1 = _print_NumberSymbol
 
+    def _print_UnevaluatedExpr(self, expr):  # kept as written: e.g. a reciprocal multiplied, as torch does
+        return f"({self._print(expr.args[0])})"
+
+    def _print_Piecewise(self, expr):  # one line of nested conditionals
+        *cases, (last, _) = expr.args
+        text = self._print(last)
+        for value, cond in reversed(cases):
+            text = f"({self._print(cond)} ? {self._print(value)} : {text})"
+        return text
+
     def _print_to_io_dtype(self, expr):
         return f"round_to_io<T>({self._print(expr.args[0])})"
 

@@ -31,6 +31,10 @@ Identifier = Annotated[str, Field(pattern=IDENTIFIER)]
 
 hidden, inv_hidden, row_sum = sp.symbols("hidden inv_hidden row_sum")
 BUILTIN_SYMBOLS = {"hidden", "inv_hidden"}
+# rotary: an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second
+cos, sin, sign = sp.symbols("cos sin sign")
+# grid angles: k (a frequency's index), n_freq (how many), coord (an axis coordinate), freq
+k, n_freq, coord, freq = sp.symbols("k n_freq coord freq")
 
 
 class to_io_dtype(sp.Function):
@@ -64,7 +68,7 @@ class Tensor(BaseModel):
     name: Identifier
     dims: str
     role: Literal["input", "output"] = "input"
-    dtype: Literal["io"] = "io"  # the op's I/O dtype: float32, float16 or bfloat16
+    dtype: Literal["io", "float32"] = "io"  # io: the op's I/O dtype (float32, float16 or bfloat16)
     optional: bool = False
     absent_value: float | None = None  # the element value used when an optional input is None
     halves: tuple[Identifier, Identifier] | None = None
@@ -91,6 +95,8 @@ class Tensor(BaseModel):
             raise ValueError(f"packed tensor {self.name!r} must be a required input")
         if self.broadcast and (self.dims != "*rows hidden" or self.role == "output"):
             raise ValueError(f"tensor {self.name!r}: only a '*rows hidden' input can broadcast")
+        if self.dtype != "io" and self.role == "output":
+            raise ValueError(f"output {self.name!r} has the I/O dtype")
         return self
 
     @property
@@ -103,13 +109,21 @@ class Tensor(BaseModel):
 
 
 class Param(BaseModel):
-    """A float scalar param with its default. ``positive`` makes the binding refuse values <= 0."""
+    """A scalar param with its default: a float, or an int with ``integer``. ``positive`` makes the
+    binding refuse values <= 0."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Identifier
     default: float
     positive: bool = False
+    integer: bool = False
     doc: str = ""
+
+    @model_validator(mode="after")
+    def _integer(self) -> Param:
+        if self.integer and self.default != int(self.default):
+            raise ValueError(f"integer param {self.name!r} needs an integer default, got {self.default}")
+        return self
 
 
 class Reduction(BaseModel):
@@ -139,6 +153,36 @@ class Elementwise(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     kind: Literal["elementwise"] = "elementwise"
+    conventions: list[Convention] = Field(min_length=1)
+
+
+class GridAngles(BaseModel):
+    """Rotary angles computed in the kernel from each token's place on a latent grid (LTX-Video's
+    3D RoPE). Tokens run row-major over the integer params ``sizes``; ``axes`` name the index along
+    each. The first C mod (2·axes) channels pass through (cos 1, sin 0); channel c >= that pad is in
+    pair j = (c - pad) // 2, with frequency k = j // len(axes) of n_freq = C // (2·axes) and axis
+    j mod len(axes). ``coordinates`` (one per axis, of its index and params), ``frequency`` (of k
+    and n_freq) and ``angle`` (of freq and coord) are fp32 math."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    axes: list[Identifier] = Field(min_length=1, max_length=3)
+    sizes: list[Identifier] = Field(min_length=1, max_length=3)
+    coordinates: list[SympyExpr]
+    frequency: SympyExpr
+    angle: SympyExpr
+
+
+class Rotary(BaseModel):
+    """Pairwise rotation of each '*rows hidden' io input (q, and optionally k) into the outputs,
+    in order: pairs (2i, 2i + 1) ("interleaved", GPT-J / Flux / LTX-Video) or (i, i + D/2)
+    ("half", Llama's rotate_half). cos and sin per element come from input tensors named cos and
+    sin (broadcast over batch and heads), or from ``grid``. Each convention gives an output its
+    element from the input's element, ``<input>_pair``, cos, sin and sign."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    kind: Literal["rotary"] = "rotary"
+    pairing: Literal["interleaved", "half"]
+    grid: GridAngles | None = None
     conventions: list[Convention] = Field(min_length=1)
 
 
@@ -186,7 +230,7 @@ class OpSpec(BaseModel):
     summary: str = Field(min_length=1)
     tensors: list[Tensor] = Field(min_length=2)
     params: list[Param] = []
-    structure: RowReduce | Elementwise = Field(discriminator="kind")
+    structure: RowReduce | Elementwise | Rotary = Field(discriminator="kind")
     reference: Callable[..., Any]
     layers: list[Layer] = []
     # Implementations users run today, called like the op (inputs, then params): the benchmark's
@@ -229,7 +273,9 @@ class OpSpec(BaseModel):
         params = {p.name for p in self.params}
         known = set(params) | BUILTIN_SYMBOLS
         columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row}
-        if structure.kind == "elementwise":
+        if structure.kind == "rotary":
+            inputs, known = self._check_rotary(columns, known)
+        elif structure.kind == "elementwise":
             if columns or any(t.broadcast for t in self.tensors):
                 raise ValueError("an elementwise op takes '*rows hidden' and '*rows 2*hidden' inputs only "
                                  "(no per-column or broadcast inputs)")
@@ -271,6 +317,34 @@ class OpSpec(BaseModel):
                 raise ValueError(f"layers.{i}.bind: expected keys {sorted(op_args)} (every input), "
                                  f"got {sorted(layer.bind)}")
         return self
+
+    def _check_rotary(self, columns: set[str], known: set[str]) -> tuple[set[str], set[str]]:
+        structure = self.structure
+        rotated = [t for t in self.inputs if t.dtype == "io" and t.name not in ("cos", "sin")]
+        tables = [t for t in self.inputs if t.name in ("cos", "sin")]
+        if columns or any(t.packed or t.optional or t.broadcast for t in rotated):
+            raise ValueError("a rotary op rotates required '*rows hidden' inputs (q, and optionally k) and may take "
+                             "cos and sin tensors; nothing else")
+        if len(rotated) > 2 or len(rotated) != len(self.outputs):
+            raise ValueError(f"a rotary op has one output per rotated input (at most 2): inputs "
+                             f"{[t.name for t in rotated]}, outputs {[t.name for t in self.outputs]}")
+        if structure.grid is None and (len(tables) != 2 or any(not t.broadcast for t in tables)):
+            raise ValueError("a rotary op without grid angles takes cos and sin tensors with broadcast=True")
+        names = {t.name for t in rotated}
+        if structure.grid is not None:
+            grid = structure.grid
+            if tables or structure.pairing != "interleaved":
+                raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
+            ints = {p.name for p in self.params if p.integer}
+            if not set(grid.sizes) <= ints or not (len(grid.axes) == len(grid.sizes) == len(grid.coordinates)):
+                raise ValueError(f"structure.grid: one size (an integer param; have {sorted(ints)}), one axis and "
+                                 f"one coordinate per axis")
+            floats = {p.name for p in self.params if not p.integer}
+            for axis, expr in zip(grid.axes, grid.coordinates):
+                _check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}")
+            _check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency")
+            _check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle")
+        return names | {f"{n}_pair" for n in names} | {"cos", "sin", "sign"}, known
 
     # -- views the other rooms read ------------------------------------------------------------
     @property
@@ -336,4 +410,4 @@ def _check_symbols(expr: sp.Expr, allowed: set[str], where: str) -> None:
 
 
 REFERENCE_GLOBALS = {"torch", "F", "math"}  # torch.nn.functional as F
-SUPPORTED_FUNCTIONS = {"to_io_dtype", "exp", "log", "tanh", "erf", "sqrt", "Abs", "Max", "Min"}
+SUPPORTED_FUNCTIONS = {"to_io_dtype", "exp", "log", "tanh", "erf", "sqrt", "Abs", "Max", "Min", "Piecewise", "floor"}

@@ -64,7 +64,7 @@ def check_dtype(profile: ArchProfile, dtype: str) -> None:
 
 def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     check_dtype(profile, dtype)
-    if spec.structure.kind == "elementwise":
+    if spec.structure.kind != "row_reduce":
         return _plan_elementwise(spec, profile, dtype)
     elem = DTYPE_BYTES[dtype]
     facts = profile.planner
@@ -87,14 +87,21 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
 
 def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     """One thread per access of each output: no reduction, nothing kept, so the only choices are
-    the access width and the block size."""
+    the access width and the block size. Rotary ops are planned the same way; a thread rotates its
+    channels of one token across the heads, fetching cos and sin once."""
     elem = DTYPE_BYTES[dtype]
     threads = profile.planner.block_threads
+    kind = spec.structure.kind
     reasons = {"threads_per_row": f"{threads} threads per block, each one access of every tensor at one "
                                   "position (profile planner.block_threads); rows are flattened",
                "rows_per_block": "rows are flattened: a block covers consecutive positions",
                "storage": "nothing kept: each element is read once and written once"}
-    buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, 1)]
+    if kind == "rotary":
+        reasons["threads_per_row"] = (f"{threads} threads per block, each one access of a token's channels in "
+                                      "every head (cos and sin fetched once per token), unless that leaves fewer "
+                                      "threads than one full wave: then heads are split in chunks")
+    scalar = 2 if kind == "rotary" and spec.structure.pairing == "interleaved" else 1
+    buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when every tensor "
                        f"(each half of a packed one) is {VECTOR_BYTES}-byte aligned and hidden and row strides "
@@ -102,7 +109,7 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelP
         "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
         "block_threads": reasons["threads_per_row"],
     }
-    return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes, "elementwise")
+    return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes, kind)
 
 
 def _largest_on_chip(profile: ArchProfile) -> int:
@@ -189,7 +196,7 @@ class LaunchPlan:
         b, kernel = self.bucket, self.kernel
         rows = [("accesses", f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
                  self.vector_reason + "; " + kernel.notes["vector path" if b.vectorized else "scalar path"])]
-        if kernel.kind == "elementwise":
+        if kernel.kind != "row_reduce":
             return rows + [
                 ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
                 ("grid", f"{self.grid} blocks", f"ceil({self.rows} × {self.hidden} / {b.elems_per_access} "
@@ -233,9 +240,9 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
                      f"hidden {hidden} is not a multiple of {VECTOR_BYTES // elem}: scalar accesses")
     wanted = VECTOR_BYTES // elem if vector else 1
     candidates = [b for b in kernel.buckets if b.elems_per_access == wanted]
-    if kernel.kind == "elementwise":
-        b = candidates[0]
-        grid = -(-rows * (hidden // wanted) // b.block_threads)
+    if kernel.kind != "row_reduce":
+        b = kernel.buckets[0 if vector else 1]  # one configuration per access width
+        grid = -(-rows * (hidden // b.elems_per_access) // b.block_threads)
         return LaunchPlan(kernel, b, rows, hidden, grid, 0, min_bytes(spec, rows, hidden, elem), vector_reason,
                           None, False)
     index = next(i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)

@@ -43,10 +43,13 @@ def test_every_kernel_compiles_without_spills_or_local_memory(tmp_path):
         # one kernel per (dtype, convention, configuration) that the launcher can pick: row_reduce
         # has >= 10 configurations, elementwise 4 (two access widths × 32/64-bit indexing)
         structure = load_spec(target.op).structure
-        per_config = {"row_reduce": 10, "elementwise": 4}[structure.kind]
+        per_config = {"row_reduce": 10, "elementwise": 4, "rotary": 2}[structure.kind]
         expected = len(structure.conventions) * len(target.dtypes) * per_config
         assert len(entries) >= expected, f"{target.kernel_name}: {len(entries)} kernels"
-        bad = [e for e in entries if e.stack_frame or e.spill_stores or e.spill_loads]
+        # sincosf keeps a small buffer for its reduction of huge arguments (Payne-Hanek) in local
+        # memory: grid-angle kernels may have that stack frame, never a spill
+        frame = 48 if getattr(structure, "grid", None) else 0
+        bad = [e for e in entries if e.stack_frame > frame or e.spill_stores or e.spill_loads]
         assert not bad, f"{target.kernel_name}: local memory in {bad[:3]}"
 
 

@@ -46,6 +46,14 @@ void check_device(const torch::Tensor& t, const char* op, const char* name, cons
                     x.device().str());
 }
 
+void check_capability(const torch::Tensor& x, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device()));
+  TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_80 but ",
+              x.device().str(), " is sm_", std::to_string(major * 10 + minor));
+}
+
 torch::Tensor adaln_layernorm_forward(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, double eps, kgen_adaln_layernorm::Convention convention, const char* op) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
@@ -78,11 +86,7 @@ torch::Tensor adaln_layernorm_forward(const torch::Tensor& x, const torch::Tenso
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, op, ": eps must be a finite number > 0, got ",
                     std::to_string(eps));
   const c10::cuda::CUDAGuard guard(x.device());
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device()));
-  TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_80 but ",
-              x.device().str(), " is sm_", std::to_string(major * 10 + minor));
+  check_capability(x, op);
   torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return out;
 
@@ -125,6 +129,7 @@ torch::Tensor adaln_layernorm_forward(const torch::Tensor& x, const torch::Tenso
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
+
 
 }  // namespace
 

@@ -39,15 +39,15 @@ def adaln_rmsnorm_ref(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)])
+@pytest.mark.parametrize("shape, params", [((1, 1), dict()), ((3, 7), dict()), ((4, 128), dict()), ((2, 5, 4096), dict()), ((8, 5120), dict()), ((2, 65536), dict()), ])
 @pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shape, convention):
+def test_matches_reference(kernel, dtype, shape, params, convention):
     x = torch.randn(shape, dtype=dtype, device="cuda")
     scale = torch.randn(shape, dtype=dtype, device="cuda")
     shift = torch.randn(shape, dtype=dtype, device="cuda")
     weight = torch.randn(shape[-1:], dtype=dtype, device="cuda")
-    outs = kernel.adaln_rmsnorm(x, scale, shift, weight, convention=convention)
-    expected = adaln_rmsnorm_ref(x, scale, shift, weight, convention=convention)
+    outs = kernel.adaln_rmsnorm(x, scale, shift, weight, **params, convention=convention)
+    expected = adaln_rmsnorm_ref(x, scale, shift, weight, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):

@@ -45,6 +45,14 @@ void check_device(const torch::Tensor& t, const char* op, const char* name, cons
                     x.device().str());
 }
 
+void check_capability(const torch::Tensor& x, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device()));
+  TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_75 but ",
+              x.device().str(), " is sm_", std::to_string(major * 10 + minor));
+}
+
 torch::Tensor gelu_tanh_forward(const torch::Tensor& x, kgen_gelu_tanh::Convention convention, const char* op) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
@@ -53,11 +61,7 @@ torch::Tensor gelu_tanh_forward(const torch::Tensor& x, kgen_gelu_tanh::Conventi
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = hidden;
   const c10::cuda::CUDAGuard guard(x.device());
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device()));
-  TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_75 but ",
-              x.device().str(), " is sm_", std::to_string(major * 10 + minor));
+  check_capability(x, op);
   torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return out;
 
@@ -82,6 +86,7 @@ torch::Tensor gelu_tanh_forward(const torch::Tensor& x, kgen_gelu_tanh::Conventi
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
+
 
 }  // namespace
 

@@ -26,12 +26,12 @@ def gelu_tanh_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)])
+@pytest.mark.parametrize("shape, params", [((1, 1), dict()), ((3, 7), dict()), ((4, 128), dict()), ((2, 5, 4096), dict()), ((8, 5120), dict()), ((2, 65536), dict()), ])
 @pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shape, convention):
+def test_matches_reference(kernel, dtype, shape, params, convention):
     x = torch.randn(shape, dtype=dtype, device="cuda")
-    outs = kernel.gelu_tanh(x, convention=convention)
-    expected = gelu_tanh_ref(x)
+    outs = kernel.gelu_tanh(x, **params, convention=convention)
+    expected = gelu_tanh_ref(x, **params)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):

@@ -34,13 +34,13 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)])
+@pytest.mark.parametrize("shape, params", [((1, 1), dict()), ((3, 7), dict()), ((4, 128), dict()), ((2, 5, 4096), dict()), ((8, 5120), dict()), ((2, 65536), dict()), ])
 @pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shape, convention):
+def test_matches_reference(kernel, dtype, shape, params, convention):
     x = torch.randn(shape, dtype=dtype, device="cuda")
     weight = torch.randn(shape[-1:], dtype=dtype, device="cuda")
-    outs = kernel.rmsnorm(x, weight, convention=convention)
-    expected = rmsnorm_ref(x, weight, convention=convention)
+    outs = kernel.rmsnorm(x, weight, **params, convention=convention)
+    expected = rmsnorm_ref(x, weight, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):

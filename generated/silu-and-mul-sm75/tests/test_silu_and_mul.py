@@ -32,12 +32,12 @@ def silu_and_mul_ref(x: torch.Tensor, convention: str = "single_rounding") -> to
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)])
+@pytest.mark.parametrize("shape, params", [((1, 1), dict()), ((3, 7), dict()), ((4, 128), dict()), ((2, 5, 4096), dict()), ((8, 5120), dict()), ((2, 65536), dict()), ])
 @pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shape, convention):
+def test_matches_reference(kernel, dtype, shape, params, convention):
     x = torch.randn((*shape[:-1], 2 * shape[-1]), dtype=dtype, device="cuda")
-    outs = kernel.silu_and_mul(x, convention=convention)
-    expected = silu_and_mul_ref(x, convention=convention)
+    outs = kernel.silu_and_mul(x, **params, convention=convention)
+    expected = silu_and_mul_ref(x, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):

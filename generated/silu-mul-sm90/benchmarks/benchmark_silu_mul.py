@@ -21,19 +21,19 @@ def median_us(fn, repeats=100):
 def main():
     kernel = get_local_kernel(Path(__file__).resolve().parents[1])
     dtype = torch.bfloat16
-    for shape in [(8192, 4096), (16384, 2048), (4096, 8192)]:
+    for shape, params in [((8192, 4096), dict()), ((16384, 2048), dict()), ((4096, 8192), dict()), ]:
         x = torch.randn(shape, dtype=dtype, device="cuda")
         up = torch.randn(shape, dtype=dtype, device="cuda")
-        outs = kernel.silu_mul(x, up)
+        outs = kernel.silu_mul(x, up, **params)
         # each input read once, each output written once
         traffic = sum(t.numel() * t.element_size() for t in [x, up, *(outs if isinstance(outs, tuple) else [outs])])
         src = torch.empty(traffic // 2, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         for _ in range(10):
-            kernel.silu_mul(x, up)
-        t_op = median_us(lambda: kernel.silu_mul(x, up))
+            kernel.silu_mul(x, up, **params)
+        t_op = median_us(lambda: kernel.silu_mul(x, up, **params))
         t_copy = median_us(lambda: dst.copy_(src))
-        print(f"{shape[0]}x{shape[1]}: {t_op:8.1f} us  {traffic / t_op / 1e3:7.0f} GB/s  same-size copy {t_copy:8.1f} us")
+        print(f"{'x'.join(map(str, shape))}: {t_op:8.1f} us  {traffic / t_op / 1e3:7.0f} GB/s  same-size copy {t_copy:8.1f} us")
 
 
 if __name__ == "__main__":

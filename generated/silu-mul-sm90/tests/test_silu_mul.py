@@ -31,13 +31,13 @@ def silu_mul_ref(x: torch.Tensor, up: torch.Tensor, convention: str = "single_ro
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)])
+@pytest.mark.parametrize("shape, params", [((1, 1), dict()), ((3, 7), dict()), ((4, 128), dict()), ((2, 5, 4096), dict()), ((8, 5120), dict()), ((2, 65536), dict()), ])
 @pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shape, convention):
+def test_matches_reference(kernel, dtype, shape, params, convention):
     x = torch.randn(shape, dtype=dtype, device="cuda")
     up = torch.randn(shape, dtype=dtype, device="cuda")
-    outs = kernel.silu_mul(x, up, convention=convention)
-    expected = silu_mul_ref(x, up, convention=convention)
+    outs = kernel.silu_mul(x, up, **params, convention=convention)
+    expected = silu_mul_ref(x, up, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):

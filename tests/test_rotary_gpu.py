@@ -1,0 +1,232 @@
+"""Rotary ops on the GPU: hypothesis property tests against the float64 references (layouts,
+head counts, broadcast tables, dtypes, conventions), strided views as transformers passes them,
+norm preservation, rope3d's in-kernel angles against the table form and against the tables
+diffusers builds, argument errors, opcheck and torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kgen.bench import example_inputs
+from kgen.catalog import load_spec, op_names
+
+pytestmark = pytest.mark.gpu
+
+ROTARY = [op for op in op_names() if load_spec(op).structure.kind == "rotary"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+LTX_GRIDS = {2688: (7, 16, 24), 8064: (21, 16, 24)}
+
+
+@pytest.fixture(scope="module")
+def ops(built):
+    return {op: getattr(built(op)[1], op) for op in ROTARY}
+
+
+def partner(t: torch.Tensor, pairing: str) -> torch.Tensor:
+    if pairing == "half":
+        first, second = t.chunk(2, dim=-1)
+        return torch.cat((second, first), dim=-1)
+    return t.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+
+
+def tables(op: str, x: torch.Tensor, inputs: list, params: list):
+    """The cos and sin each element of x sees, broadcast to x's shape."""
+    if op == "rope3d":
+        cos, sin = load_spec(op).reference(x, *params, tables=True)
+    else:
+        cos, sin = inputs[-2:]
+    if x.dim() == 4 and cos.dim() == 3:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return cos.double().expand(x.shape), sin.double().expand(x.shape)
+
+
+def check(op, outs, inputs, params, convention):
+    spec = load_spec(op)
+    kwargs = {"convention": convention} if len(spec.structure.conventions) > 1 else {}
+    expected = spec.reference(*inputs, *params, **kwargs)
+    outs, expected = (outs, expected) if isinstance(outs, tuple) else ((outs,), (expected,))
+    rotated = [t for t in inputs if t is not None][: len(outs)]
+    roundings = 3 if convention == "transformers" else 1
+    for out, want, x in zip(outs, expected, rotated):
+        assert out.shape == x.shape and out.dtype == x.dtype
+        cos, sin = tables(op, x, inputs, params)
+        # the size of the two products that cancel, each rounded in fp32 (and in the dtype by transformers)
+        magnitude = x.double().abs() * cos.abs() + partner(x.double(), spec.structure.pairing).abs() * sin.abs()
+        ulp = ULP[x.dtype]
+        bound = roundings * ulp * want.abs() + (roundings * ulp + 4 * 2.0**-24) * magnitude \
+            + roundings * torch.finfo(x.dtype).smallest_normal * ulp
+        bad = (out.double() - want).abs() > bound
+        if bad.any():
+            i = bad.flatten().nonzero()[0].item()
+            raise AssertionError(f"{op} {convention}: {int(bad.sum())} of {bad.numel()} off; e.g. got "
+                                 f"{out.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}")
+
+
+@st.composite
+def cases(draw):
+    op = draw(st.sampled_from(ROTARY))
+    spec = load_spec(op)
+    dtype = draw(st.sampled_from(DTYPES))
+    hidden = draw(st.sampled_from([2, 4, 6, 8, 12, 14, 16, 64, 96, 100, 128, 256, 2048]))
+    params = [p.default for p in spec.params]
+    k_heads = None
+    if op == "rope3d":
+        grid = [draw(st.integers(1, 6)) for _ in range(3)]
+        shape = (draw(st.integers(1, 3)), grid[0] * grid[1] * grid[2], hidden)
+        params[:3] = grid
+        if draw(st.booleans()):  # other LTX settings: theta, frame rate, patch sizes
+            params[3:] = [draw(st.sampled_from([10000.0, 500.0])), 20.0, 2048.0, 2048.0,
+                          draw(st.sampled_from([8 / 25, 8 / 24, 1.0])), 32.0, 32.0, 1.0, 2.0]
+    else:
+        layout = draw(st.sampled_from(["bhtd", "bsc", "td"]))
+        b, t = draw(st.integers(1, 3)), draw(st.integers(1, 200))
+        shape = {"bhtd": (b, draw(st.integers(1, 8)), t, hidden), "bsc": (b, t, hidden), "td": (t, hidden)}[layout]
+        k_heads = draw(st.integers(1, 8))
+    return dict(op=op, dtype=dtype, shape=shape, params=params, k_heads=k_heads,
+                per_batch=draw(st.booleans()), magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
+                convention=draw(st.sampled_from([c.name for c in spec.structure.conventions])),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_matches_reference(ops, case):
+    op, spec = case["op"], load_spec(case["op"])
+    gen = torch.Generator(device="cuda").manual_seed(case["seed"])
+    inputs = example_inputs(spec, case["shape"], case["dtype"], per_batch=case["per_batch"], k_heads=case["k_heads"],
+                            generator=gen, magnitude=case["magnitude"])
+    for t, tensor in zip(inputs, spec.inputs):  # tables are cos/sin-sized
+        if tensor.name in ("cos", "sin"):
+            t.div_(case["magnitude"])
+    outs = ops[op](*inputs, *case["params"], convention=case["convention"])
+    check(op, outs, inputs, case["params"], case["convention"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transformers_layouts_in_place(ops, dtype):
+    """q and k as transformers makes them (proj(x).view(B, T, H, D).transpose(1, 2): strided, not
+    copied), a misaligned view (scalar path), and tables sliced from a longer cache."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b, t, hq, hk, d = 2, 77, 8, 2, 128
+    q = torch.randn(b, t, hq * d, generator=gen, device="cuda").to(dtype).view(b, t, hq, d).transpose(1, 2)
+    k = torch.randn(b, t, hk * d, generator=gen, device="cuda").to(dtype).view(b, t, hk, d).transpose(1, 2)
+    cos_cache = torch.randn(b, 200, d, generator=gen, device="cuda").to(dtype)
+    cos, sin = cos_cache[:, 10:10 + t], cos_cache.flip(-1)[:, :t]
+    check("rope", ops["rope"](q, k, cos, sin), [q, k, cos, sin], [], "single_rounding")
+    raw = torch.randn(b * hq * t * d + 1, generator=gen, device="cuda").to(dtype)
+    misaligned = raw[1:].view(b, hq, t, d)
+    check("rope", ops["rope"](misaligned, k, cos, sin), [misaligned, k, cos, sin], [], "transformers")
+
+
+@pytest.mark.parametrize("op", ["rope", "rope3d"])
+def test_rotation_preserves_each_pair_norm(ops, op):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    if op == "rope":
+        x = torch.randn(2, 4, 50, 64, generator=gen, device="cuda")
+        angle = torch.randn(2, 50, 32, generator=gen, device="cuda") * 100
+        cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+        out, _ = ops["rope"](x, x, cos, sin)
+        pairs = lambda t: torch.stack(t.chunk(2, -1), -1)  # noqa: E731
+    else:
+        x = torch.randn(2, 2688, 2048, generator=gen, device="cuda")
+        out = ops["rope3d"](x, *LTX_GRIDS[2688])
+        pairs = lambda t: t.unflatten(-1, (-1, 2))  # noqa: E731
+    before, after = pairs(x.double()).norm(dim=-1), pairs(out.double()).norm(dim=-1)
+    torch.testing.assert_close(after, before, rtol=4e-7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, channels", [(2688, 2048), (8064, 2048), (8064, 4096)])
+def test_rope3d_in_kernel_angles_equal_the_table_form(ops, dtype, tokens, channels):
+    """rope3d with its angles computed in the kernel gives what rope_apply gives with the fp32
+    tables diffusers' code builds (C = 2048: 2 pad channels; C = 4096, LTX-Video 13B: 4)."""
+    gen = torch.Generator(device="cuda").manual_seed(channels)
+    x = torch.randn(2, tokens, channels, generator=gen, device="cuda").to(dtype)
+    grid = LTX_GRIDS[tokens]
+    cos, sin = load_spec("rope3d").reference(x, *grid, tables=True)
+    in_kernel, from_tables = ops["rope3d"](x, *grid), ops["rope_apply"](x, cos, sin)
+    same = (in_kernel == from_tables).float().mean().item()
+    print(f"rope3d vs rope_apply with the tables, {dtype}, C={channels}: {same:.6%} bitwise equal")
+    assert same == 1.0
+
+
+@pytest.mark.parametrize("tokens, channels", [(2688, 2048), (8064, 4096)])
+def test_rope3d_angles_match_diffusers(ops, tokens, channels):
+    """The cos and sin the kernel uses (read back through fp32 x = [1, 0, 1, 0, ...]: out = [cos, sin,
+    ...]) against the tables of diffusers' LTXVideoRotaryPosEmbed itself."""
+    diffusers_ltx = pytest.importorskip("diffusers.models.transformers.transformer_ltx")
+    grid = LTX_GRIDS[tokens]
+    embed = diffusers_ltx.LTXVideoRotaryPosEmbed(dim=channels, base_num_frames=20, base_height=2048, base_width=2048,
+                                                 patch_size=1, patch_size_t=1, theta=10000.0)
+    x = torch.zeros(2, tokens, channels, device="cuda")
+    want_cos, want_sin = embed(x, *grid, rope_interpolation_scale=(8 / 25, 32, 32))
+    x[..., 0::2] = 1.0
+    out = ops["rope3d"](x, *grid)
+    got_cos, got_sin = out[..., 0::2].repeat_interleave(2, -1), out[..., 1::2].repeat_interleave(2, -1)
+    pad = channels % 6
+    assert torch.equal(want_cos[..., :pad], torch.ones_like(want_cos[..., :pad]))
+    for name, got, want in (("cos", got_cos, want_cos), ("sin", got_sin, want_sin)):
+        equal = (got == want).float().mean().item()
+        worst = (got - want).abs().max().item()
+        print(f"rope3d {name} vs diffusers, C={channels}: {equal:.6%} bitwise equal, max |diff| {worst:.3g}")
+        assert equal == 1.0, f"{name}: {equal:.6%} equal, max |diff| {worst:.3g}"
+
+
+def test_argument_errors(ops):
+    x = torch.randn(2, 4, 10, 64, device="cuda", dtype=torch.bfloat16)
+    cos = torch.randn(2, 10, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"rope: k must match x but for the head count"):
+        ops["rope"](x, torch.randn(2, 4, 11, 64, device="cuda", dtype=torch.bfloat16), cos, cos)
+    with pytest.raises(ValueError, match=r"rope: cos must have shape \[B or 1, T, D\] = \[2 or 1, 10, 64\]"):
+        ops["rope"](x, x, cos[:, :9], cos)
+    with pytest.raises(ValueError, match=r"last dim holds pairs and must be even"):
+        ops["rope_apply"](torch.randn(2, 5, 7, device="cuda"), torch.randn(2, 5, 7, device="cuda"),
+                          torch.randn(2, 5, 7, device="cuda"))
+    with pytest.raises(TypeError, match=r"rope_apply: cos must be float32"):
+        ops["rope_apply"](x[:, 0], cos, cos.float())
+    with pytest.raises(ValueError, match=r"rope3d: x has 10 tokens per batch but frames·height·width = 2·3·4"):
+        ops["rope3d"](x[:, 0], 2, 3, 4)
+    with pytest.raises(ValueError, match=r"rope3d: frames must be an integer > 0, got 0"):
+        ops["rope3d"](x[:, 0], 0, 3, 4)
+
+
+def valid_inputs(op, dtype, gen):
+    spec = load_spec(op)
+    shape = (2, 24, 256) if op == "rope3d" else (2, 3, 7, 64)
+    params = [2, 3, 4] + [p.default for p in spec.params[3:]] if op == "rope3d" else []
+    return example_inputs(spec, shape, dtype, k_heads=2, generator=gen), params
+
+
+@pytest.mark.parametrize("op", ROTARY)
+def test_opcheck_and_compile(built, ops, op):
+    spec = load_spec(op)
+    namespace = built(op)[1]._ops.ops
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for i, convention in enumerate(spec.structure.conventions):
+        overload = getattr(namespace, op if i == 0 else f"{op}_{convention.name}")
+        for dtype in DTYPES:
+            inputs, params = valid_inputs(op, dtype, gen)
+            torch.library.opcheck(overload, (*inputs, *params))
+    torch._dynamo.reset()
+    inputs, params = valid_inputs(op, torch.bfloat16, gen)
+
+    def block(x, *rest):
+        outs = ops[op](x * 2, *rest, *params)
+        return tuple(o + 1 for o in outs) if isinstance(outs, tuple) else outs + 1
+
+    torch.testing.assert_close(torch.compile(block, fullgraph=True)(*inputs), block(*inputs), rtol=0, atol=0)
+    assert torch._dynamo.explain(block)(*inputs).graph_break_count == 0
+
+
+@pytest.mark.parametrize("op", ROTARY)
+def test_empty_input(ops, op):
+    spec = load_spec(op)
+    shape = (0, 1, 64) if op == "rope3d" else (2, 0, 64)  # rope3d: no batch on a 1·1·1 grid
+    inputs = example_inputs(spec, shape, torch.float16)
+    outs = ops[op](*inputs)
+    for out in outs if isinstance(outs, tuple) else (outs,):
+        assert out.shape == shape
