@@ -65,9 +65,8 @@ def rope3d_ref(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1
     freqs = (freqs * math.pi / 2.0) * (grid.unsqueeze(-1) * 2 - 1)
     freqs = freqs.transpose(-1, -2).flatten(2)
     cos, sin = freqs.cos().repeat_interleave(2, dim=-1), freqs.sin().repeat_interleave(2, dim=-1)
-    pad = dim % 6
-    cos = torch.cat([torch.ones_like(cos[:, :, :pad]), cos], dim=-1)
-    sin = torch.cat([torch.zeros_like(sin[:, :, :pad]), sin], dim=-1)
+    pad = torch.zeros(*cos.shape[:2], dim % 6, device=device)  # diffusers' padding (C < 6 included)
+    cos, sin = torch.cat([pad + 1, cos], dim=-1), torch.cat([pad, sin], dim=-1)
     if tables:
         return cos, sin
     pairs = x.double().unflatten(-1, (-1, 2))

@@ -141,7 +141,7 @@ def test_rotation_preserves_each_pair_norm(ops, op):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens, channels", [(2688, 2048), (8064, 2048), (8064, 4096)])
-def test_rope3d_in_kernel_angles_equal_the_table_form(ops, dtype, tokens, channels):
+def test_rope3d_in_kernel_angles_equal_the_table_form(ops, record_property, dtype, tokens, channels):
     """rope3d with its angles computed in the kernel gives what rope_apply gives with the fp32
     tables diffusers' code builds (C = 2048: 2 pad channels; C = 4096, LTX-Video 13B: 4)."""
     gen = torch.Generator(device="cuda").manual_seed(channels)
@@ -150,12 +150,12 @@ def test_rope3d_in_kernel_angles_equal_the_table_form(ops, dtype, tokens, channe
     cos, sin = load_spec("rope3d").reference(x, *grid, tables=True)
     in_kernel, from_tables = ops["rope3d"](x, *grid), ops["rope_apply"](x, cos, sin)
     same = (in_kernel == from_tables).float().mean().item()
-    print(f"rope3d vs rope_apply with the tables, {dtype}, C={channels}: {same:.6%} bitwise equal")
+    record_property("bitwise_equal", same)
     assert same == 1.0
 
 
 @pytest.mark.parametrize("tokens, channels", [(2688, 2048), (8064, 4096)])
-def test_rope3d_angles_match_diffusers(ops, tokens, channels):
+def test_rope3d_angles_match_diffusers(ops, record_property, tokens, channels):
     """The cos and sin the kernel uses (read back through fp32 x = [1, 0, 1, 0, ...]: out = [cos, sin,
     ...]) against the tables of diffusers' LTXVideoRotaryPosEmbed itself."""
     diffusers_ltx = pytest.importorskip("diffusers.models.transformers.transformer_ltx")
@@ -172,7 +172,8 @@ def test_rope3d_angles_match_diffusers(ops, tokens, channels):
     for name, got, want in (("cos", got_cos, want_cos), ("sin", got_sin, want_sin)):
         equal = (got == want).float().mean().item()
         worst = (got - want).abs().max().item()
-        print(f"rope3d {name} vs diffusers, C={channels}: {equal:.6%} bitwise equal, max |diff| {worst:.3g}")
+        record_property(f"{name}_bitwise_equal", equal)
+        record_property(f"{name}_max_abs_diff", worst)
         assert equal == 1.0, f"{name}: {equal:.6%} equal, max |diff| {worst:.3g}"
 
 

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <type_traits>
 
 namespace kgen_rope {
@@ -144,27 +145,30 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kernel: a thread takes ELEMS channels of one token (and their partners in the second half),
-// gets their cos and sin once (read from the tables), then rotates those channels
-// in heads [head0, head0 + heads_per_thread) of the rotated tensors (x's heads, then k's).
+// The kernel: a thread keeps one channel group (ELEMS channels and their partners in the second half) and
+// walks tokens with a stride; per token it gets cos and sin once (read from the tables),
+// then rotates those channels in heads [chunk · heads_per_thread, ...) of the rotated tensors (x's
+// heads, then k's), two heads in flight. Index is 32-bit when every count fits.
 // ---------------------------------------------------------------------------------------------
-template <typename T, typename TT, typename Fn, int ELEMS, bool VEC>
+template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, typename Index>
 __global__ void __launch_bounds__(kBlockThreads, 1)
-rope_fwd_kernel(const RopeArgs args, int64_t chunks, int64_t heads_per_thread, Params params) {
-  const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
-  const int64_t total = args.batch * args.tokens * chunks * groups;
-  const int64_t total_heads = args.x_heads + args.k_heads;
-  for (int64_t g = int64_t(blockIdx.x) * kBlockThreads + threadIdx.x; g < total; g += int64_t(gridDim.x) * kBlockThreads) {
-    const int64_t group = g % groups;
-    const int64_t chunk = g / groups % chunks;
-    const int64_t token = g / groups / chunks;
-    const int64_t b = token / args.tokens, t = token % args.tokens;
-    const int64_t c0 = group * ELEMS;  // first channel of this thread; its partners start at c0 + D/2
-    constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
+rope_fwd_kernel(const RopeArgs args, Index chunks, Index heads_per_thread, Params params) {
+  constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
+  const Index groups = Index(args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS));
+  const Index slots = Index(args.batch * args.tokens) * chunks;  // (token, chunk of heads) pairs
+  const Index g = Index(blockIdx.x) * kBlockThreads + threadIdx.x;
+  const Index group = g % groups;  // fixed: the launcher makes the thread count a multiple of groups
+  const Index slot_stride = Index(gridDim.x) * kBlockThreads / groups;
+  const int64_t c0 = int64_t(group) * ELEMS;  // first channel of this thread; its partners start at c0 + D/2
+  const Index total_heads = Index(args.x_heads + args.k_heads);
+  for (Index slot = g / groups; slot < slots; slot += slot_stride) {
+    const Index chunk = chunks == 1 ? 0 : slot % chunks;
+    const Index token = chunks == 1 ? slot : slot / chunks;
+    const Index b = token / Index(args.tokens), t = token - b * Index(args.tokens);
     float cos_f[kCos], sin_f[kCos];
     {
-      const TT* cos_row = static_cast<const TT*>(args.cos) + b * args.cos_batch_stride + t * args.cos_token_stride;
-      const TT* sin_row = static_cast<const TT*>(args.sin) + b * args.sin_batch_stride + t * args.sin_token_stride;
+      const TT* cos_row = static_cast<const TT*>(args.cos) + int64_t(b) * args.cos_batch_stride + int64_t(t) * args.cos_token_stride;
+      const TT* sin_row = static_cast<const TT*>(args.sin) + int64_t(b) * args.sin_batch_stride + int64_t(t) * args.sin_token_stride;
       float part[ELEMS];
 #pragma unroll
       for (int half = 0; half < (kHalfPairs ? 2 : 1); ++half) {
@@ -177,42 +181,47 @@ rope_fwd_kernel(const RopeArgs args, int64_t chunks, int64_t heads_per_thread, P
         for (int j = 0; j < ELEMS; ++j) sin_f[half * ELEMS + j] = part[j];
       }
     }
-    const int64_t head_end = std::min(total_heads, (chunk + 1) * heads_per_thread);
-    for (int64_t head = chunk * heads_per_thread; head < head_end; ++head) {
-      if (head < args.x_heads) {  // x
-        const int64_t h = head;
-        const T* in = static_cast<const T*>(args.x) + b * args.x_batch_stride + h * args.x_head_stride + t * args.x_token_stride + c0;
-        T* out = static_cast<T*>(args.out) + b * args.out_batch_stride + h * args.out_head_stride + t * args.out_token_stride + c0;
-        float v[kCos], r[kCos];
-        load_floats<ELEMS, VEC>(in, *reinterpret_cast<float(*)[ELEMS]>(v));
-        if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(in + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(v + ELEMS));
+    // Where head h of the rotated tensors lives: x's heads first, then k's.
+    auto in_ptr = [&](Index h) -> const T* {
+      if (h < Index(args.x_heads)) return static_cast<const T*>(args.x) + int64_t(b) * args.x_batch_stride + int64_t(h) * args.x_head_stride + int64_t(t) * args.x_token_stride + c0;
+      return static_cast<const T*>(args.k) + int64_t(b) * args.k_batch_stride + int64_t(h - Index(args.x_heads)) * args.k_head_stride + int64_t(t) * args.k_token_stride + c0;
+    };
+    auto out_ptr = [&](Index h) -> T* {
+      if (h < Index(args.x_heads)) return static_cast<T*>(args.out) + int64_t(b) * args.out_batch_stride + int64_t(h) * args.out_head_stride + int64_t(t) * args.out_token_stride + c0;
+      return static_cast<T*>(args.k_out) + int64_t(b) * args.k_out_batch_stride + int64_t(h - Index(args.x_heads)) * args.k_out_head_stride + int64_t(t) * args.k_out_token_stride + c0;
+    };
+    auto load = [&](Index h, float (&v)[kCos]) {
+      const T* in = in_ptr(h);
+      load_floats<ELEMS, VEC>(in, *reinterpret_cast<float(*)[ELEMS]>(v));
+      if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(in + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(v + ELEMS));
+    };
+    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
+      float r[kCos];
 #pragma unroll
-        for (int j = 0; j < kCos; ++j) {
-          // the partner: the other element of the pair; sign -1 on a pair's first element
-          const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
-          const float sign = (kHalfPairs ? j < ELEMS : j % 2 == 0) ? -1.0f : 1.0f;
-          r[j] = Fn::template out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params);
-        }
-        store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
-        if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
+      for (int j = 0; j < kCos; ++j) {
+        // the partner: the other element of the pair; sign -1 on a pair's first element
+        const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
+        const float sign = (kHalfPairs ? j < ELEMS : j % 2 == 0) ? -1.0f : 1.0f;
+        r[j] = h < Index(args.x_heads) ? Fn::template out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params)
+                                  : Fn::template k_out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params);
       }
-      else {  // k
-        const int64_t h = head - args.x_heads;
-        const T* in = static_cast<const T*>(args.k) + b * args.k_batch_stride + h * args.k_head_stride + t * args.k_token_stride + c0;
-        T* out = static_cast<T*>(args.k_out) + b * args.k_out_batch_stride + h * args.k_out_head_stride + t * args.k_out_token_stride + c0;
-        float v[kCos], r[kCos];
-        load_floats<ELEMS, VEC>(in, *reinterpret_cast<float(*)[ELEMS]>(v));
-        if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(in + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(v + ELEMS));
-#pragma unroll
-        for (int j = 0; j < kCos; ++j) {
-          // the partner: the other element of the pair; sign -1 on a pair's first element
-          const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
-          const float sign = (kHalfPairs ? j < ELEMS : j % 2 == 0) ? -1.0f : 1.0f;
-          r[j] = Fn::template k_out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params);
-        }
-        store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
-        if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
-      }
+      T* out = out_ptr(h);
+      store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
+      if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
+    };
+    const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
+    Index head = chunk * heads_per_thread;
+    for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
+      float v0[kCos], v1[kCos];
+      load(head, v0);
+      load(head + 1, v1);
+      rotate_store(head, v0);
+      rotate_store(head + 1, v1);
+    }
+    if (head < head_end) {
+      float v0[kCos];
+      load(head, v0);
+      rotate_store(head, v0);
     }
   }
 }
@@ -226,10 +235,19 @@ cudaError_t launch_config(const RopeArgs& args, const Params& params, cudaStream
   const int64_t total_heads = args.x_heads + args.k_heads;
   const int64_t chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
   const int64_t heads_per_thread = ceil_div(total_heads, chunks);
-  // At most one full wave of blocks: each thread then loops over several tokens, keeping its
-  // channel group (and, with grid angles, its frequencies).
-  const int64_t blocks = std::min({ceil_div(threads_per_head * chunks, int64_t(kBlockThreads)), kMinThreads / kBlockThreads, kMaxGridX});
-  rope_fwd_kernel<T, TT, Fn, ELEMS, VEC><<<unsigned(blocks), kBlockThreads, 0, stream>>>(args, chunks, heads_per_thread, params);
+  // At most one full wave of blocks, each thread then walking several tokens; the thread count a
+  // multiple of groups, so that every thread keeps its channel group.
+  const int64_t step = groups / std::gcd(groups, int64_t(kBlockThreads));  // blocks: a multiple of step
+  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(kBlockThreads)), kMinThreads / kBlockThreads);
+  blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
+  const bool narrow = args.batch * args.tokens * chunks <= int64_t(INT32_MAX) && blocks * kBlockThreads <= int64_t(INT32_MAX) &&
+                      total_heads * heads_per_thread <= int64_t(INT32_MAX);
+  if (narrow)
+    rope_fwd_kernel<T, TT, Fn, ELEMS, VEC, uint32_t><<<unsigned(blocks), kBlockThreads, 0, stream>>>(
+        args, uint32_t(chunks), uint32_t(heads_per_thread), params);
+  else
+    rope_fwd_kernel<T, TT, Fn, ELEMS, VEC, uint64_t><<<unsigned(blocks), kBlockThreads, 0, stream>>>(
+        args, uint64_t(chunks), uint64_t(heads_per_thread), params);
   return cudaGetLastError();
 }
 
