@@ -236,6 +236,9 @@ class OpSpec(BaseModel):
     # Implementations users run today, called like the op (inputs, then params): the benchmark's
     # peers. The first is also timed under torch.compile.
     peers: dict[str, Callable[..., Any]] = {}
+    # output -> the input it overwrites in the op's in-place form `<op>_` (which returns the other
+    # outputs), e.g. {"residual_out": "residual"}
+    inplace: dict[Identifier, Identifier] = {}
 
     @model_validator(mode="after")
     def _consistent(self) -> OpSpec:
@@ -261,10 +264,13 @@ class OpSpec(BaseModel):
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
         ref_params = inspect.signature(self.reference).parameters
-        foreign = _global_names(self.reference.__code__) - REFERENCE_GLOBALS - set(dir(builtins))
+        copied = [self.reference, *reference_helpers(self.reference)]
+        foreign = set().union(*(_global_names(f.__code__) for f in copied)) - REFERENCE_GLOBALS - set(dir(builtins)) \
+            - {f.__name__ for f in copied}
         if foreign:
             raise ValueError(f"reference uses {sorted(foreign)} from its module; a generated project's test "
-                             f"copies the reference alone, with {sorted(REFERENCE_GLOBALS)} imported")
+                             f"copies the reference and the functions it calls, with {sorted(REFERENCE_GLOBALS)} "
+                             "imported")
         if len(structure.conventions) > 1 and "convention" not in ref_params:
             raise ValueError("reference must take a `convention` argument (the op has several conventions)")
         if not outputs or any(not t.per_row for t in self.tensors if t.role == "output"):
@@ -308,6 +314,10 @@ class OpSpec(BaseModel):
             for name, expr in conv.prologue.items():
                 _check_symbols(expr, {t.name for t in row_inputs} | set(params) | BUILTIN_SYMBOLS,
                                f"structure.conventions.{i}.prologue.{name}")
+        overwritable = {t.name for t in row_inputs if t.dtype == "io" and not (t.packed or t.broadcast or t.optional)}
+        if not set(self.inplace) <= outputs or not set(self.inplace.values()) <= overwritable:
+            raise ValueError(f"inplace: maps outputs {sorted(outputs)} to the inputs they overwrite, required "
+                             f"'*rows hidden' inputs of the same shape {sorted(overwritable)}; got {self.inplace}")
         op_args = {t.name for t in self.tensors if t.role == "input"} | params
         for i, layer in enumerate(self.layers):
             if layer.convention not in seen:
@@ -330,6 +340,8 @@ class OpSpec(BaseModel):
                              f"{[t.name for t in rotated]}, outputs {[t.name for t in self.outputs]}")
         if structure.grid is None and (len(tables) != 2 or any(not t.broadcast for t in tables)):
             raise ValueError("a rotary op without grid angles takes cos and sin tensors with broadcast=True")
+        if any(self.inplace.get(o.name, r.name) != r.name for o, r in zip(self.outputs, rotated)):
+            raise ValueError("inplace: a rotary op's output may only overwrite its own rotated input")
         names = {t.name for t in rotated}
         if structure.grid is not None:
             grid = structure.grid
@@ -388,6 +400,17 @@ class OpSpec(BaseModel):
     @property
     def default_convention(self) -> str:
         return self.structure.conventions[0].name
+
+
+def reference_helpers(fn, seen: tuple = ()) -> list[Callable]:
+    """The module-level functions a reference calls (and they call), dependencies first: the
+    generated project's test copies them with it."""
+    out = []
+    for name in sorted(_global_names(fn.__code__)):
+        helper = fn.__globals__.get(name)
+        if inspect.isfunction(helper) and helper.__name__ == name and helper not in seen and helper is not fn:
+            out += [h for h in reference_helpers(helper, (*seen, fn)) if h not in out] + [helper]
+    return list(dict.fromkeys(out))
 
 
 def _global_names(code) -> set[str]:

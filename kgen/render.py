@@ -20,6 +20,7 @@ import jinja2
 from . import __version__
 from .catalog import KgenError, data_dir, load_profile, load_spec, spec_hash
 from .codegen import statements
+from .dsl import reference_helpers
 from .planner import KernelPlan, check_dtype, plan_kernel
 
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -214,6 +215,10 @@ def _context(target: Target) -> dict:
         if t.broadcast:
             kernel_params.append(f"int64_t {t.name}_outer_stride")
             launch_args.append(f"args.{t.name}_outer_stride")
+    kept = [t for t in spec.outputs if t.name not in spec.inplace]  # what the in-place form returns
+    letters = {name: chr(ord("a") + i) for i, name in enumerate(spec.inplace.values())}
+    inplace_schema = [f"Tensor({letters[arg.split()[-1]]}!) {arg.split()[-1]}" if arg.split()[-1] in letters else arg
+                      for arg in schema]
     example = {t.name: EXAMPLE_SHAPES["packed" if t.packed else "row" if t.per_row else "column"] for t in spec.inputs}
     example_cases = [(shape, "") for shape in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)]]
     if kind == "rotary":  # rotated tensors as x; the tables are x's shape without a head dim
@@ -262,7 +267,17 @@ def _context(target: Target) -> dict:
                      f"tuple[{', '.join(['torch.Tensor'] * len(spec.outputs))}]",
         "fake_result": _fake_result(spec, empty),
         "cpp_signature": ", ".join(cpp_params), "cpp_call": call, "schema_args": ", ".join(schema),
-        "reference_source": textwrap.dedent(inspect.getsource(spec.reference)),
+        "inplace": spec.inplace, "inplace_schema_args": ", ".join(inplace_schema),
+        "inplace_cpp_signature": ", ".join(f"torch::Tensor& {p.split('&')[-1].strip()}"  # mutated: non-const
+                                           if p.split("&")[-1].strip() in letters else p for p in cpp_params),
+        "inplace_cpp_return": {0: "void", 1: "torch::Tensor"}.get(len(kept), f"std::tuple<{', '.join(['torch::Tensor'] * len(kept))}>"),
+        "inplace_cpp_result": {0: "", 1: f"std::get<{spec.outputs.index(kept[0]) if kept else 0}>(result)"}.get(
+            len(kept), "std::make_tuple(" + ", ".join(f"std::get<{spec.outputs.index(t)}>(result)" for t in kept) + ")"),
+        "inplace_schema_return": {0: "()", 1: "Tensor"}.get(len(kept), f"({', '.join(['Tensor'] * len(kept))})"),
+        "inplace_py_return": {0: "None", 1: "torch.Tensor"}.get(len(kept), f"tuple[{', '.join(['torch.Tensor'] * len(kept))}]"),
+        "inplace_fake_result": "None" if not kept else ", ".join([empty] * len(kept)),
+        "reference_source": "\n\n".join(textwrap.dedent(inspect.getsource(fn))
+                                          for fn in [*reference_helpers(spec.reference), spec.reference]),
         "reference_name": spec.reference.__name__,
         "reference_takes_convention": "convention" in inspect.signature(spec.reference).parameters,
     }

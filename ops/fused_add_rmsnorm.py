@@ -59,4 +59,5 @@ spec = OpSpec(
     ),
     reference=fused_add_rmsnorm_ref,
     peers={"eager (add + transformers RMSNorm)": add_then_llama_rmsnorm},
+    inplace={"residual_out": "residual"},
 )

@@ -64,4 +64,5 @@ spec = OpSpec(
     ]),
     reference=rope_ref,
     peers={"eager (transformers apply_rotary_pos_emb)": transformers_apply_rotary_pos_emb},
+    inplace={"out": "x", "k_out": "k"},
 )

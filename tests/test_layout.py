@@ -14,7 +14,7 @@ ALLOWED = {
     "dsl": set(), "profile": set(), "codegen": set(),
     "catalog": {"dsl", "profile"},
     "planner": {"catalog", "dsl", "profile"},
-    "render": {"__init__", "catalog", "codegen", "planner", "profile"},
+    "render": {"__init__", "catalog", "codegen", "dsl", "planner", "profile"},
     "builder": {"catalog", "profile", "render"},
     "bench": {"catalog", "builder", "render"},
     "cli": {"catalog", "render", "planner", "builder", "bench"},

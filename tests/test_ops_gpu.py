@@ -233,3 +233,36 @@ def test_the_generated_project_runs_its_own_test_and_benchmark(built, op):
     bench = subprocess.run([sys.executable, str(project / "benchmarks" / f"benchmark_{op}.py")],
                            capture_output=True, text=True, env=env, cwd=project)
     assert bench.returncode == 0 and "GB/s" in bench.stdout, bench.stdout[-2000:] + bench.stderr[-2000:]
+
+
+INPLACE_OPS = [op for op in OPS if load_spec(op).inplace]
+
+
+@pytest.mark.parametrize("op", INPLACE_OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inplace_form(built, op, dtype):
+    """<op>_ writes the mapped outputs into their inputs and returns the rest, equal to <op>;
+    an input that cannot be updated through a [rows, hidden] view is refused, not copied."""
+    spec = load_spec(op)
+    module = built(op)[1]
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    params = [p.default for p in spec.params]
+    names = [t.name for t in spec.inputs]
+    for convention in [c.name for c in spec.structure.conventions]:
+        inputs = make_inputs(op, (3, 50, 1000), dtype, gen)
+        expected = getattr(module, op)(*inputs, *params, convention=convention)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        returned = getattr(module, f"{op}_")(*inputs, *params, convention=convention)
+        kept = [out for out, t in zip(expected, spec.outputs) if t.name not in spec.inplace]
+        returned = () if returned is None else returned if isinstance(returned, tuple) else (returned,)
+        assert len(returned) == len(kept) and all(torch.equal(a, b) for a, b in zip(returned, kept))
+        for out, t in zip(expected, spec.outputs):
+            if t.name in spec.inplace:
+                assert torch.equal(inputs[names.index(spec.inplace[t.name])], out)
+        overload = getattr(module._ops.ops, f"{op}_" if convention == spec.default_convention else f"{op}_{convention}_")
+        torch.library.opcheck(overload, (*make_inputs(op, (3, 50, 1000), dtype, gen), *params))
+    target = spec.inplace[spec.outputs[-1].name] if spec.outputs[-1].name in spec.inplace else next(iter(spec.inplace.values()))
+    inputs = make_inputs(op, (64, 256), dtype, gen)
+    inputs[names.index(target)] = inputs[names.index(target)].t().contiguous().t()  # column-major: not a row view
+    with pytest.raises(ValueError, match=f"{op}_: {target} is updated in place, so it must be viewable"):
+        getattr(module, f"{op}_")(*inputs, *params)

@@ -35,8 +35,8 @@ def partner(t: torch.Tensor, pairing: str) -> torch.Tensor:
 
 def tables(op: str, x: torch.Tensor, inputs: list, params: list):
     """The cos and sin each element of x sees, broadcast to x's shape."""
-    if op == "rope3d":
-        cos, sin = load_spec(op).reference(x, *params, tables=True)
+    if load_spec(op).structure.grid is not None:  # the grid ops share rope3d's angles
+        cos, sin = load_spec("rope3d").reference(x, *params, tables=True)
     else:
         cos, sin = inputs[-2:]
     if x.dim() == 4 and cos.dim() == 3:
@@ -74,7 +74,7 @@ def cases(draw):
     hidden = draw(st.sampled_from([2, 4, 6, 8, 12, 14, 16, 64, 96, 100, 128, 256, 2048]))
     params = [p.default for p in spec.params]
     k_heads = None
-    if op == "rope3d":
+    if spec.structure.grid is not None:
         grid = [draw(st.integers(1, 6)) for _ in range(3)]
         shape = (draw(st.integers(1, 3)), grid[0] * grid[1] * grid[2], hidden)
         params[:3] = grid
@@ -152,6 +152,8 @@ def test_rope3d_in_kernel_angles_equal_the_table_form(ops, record_property, dtyp
     same = (in_kernel == from_tables).float().mean().item()
     record_property("bitwise_equal", same)
     assert same == 1.0
+    q_out, k_out = ops["rope3d_qk"](x, x.flip(0), *grid)  # q and k in one launch: the same angles
+    assert torch.equal(q_out, in_kernel) and torch.equal(k_out, ops["rope3d"](x.flip(0), *grid))
 
 
 @pytest.mark.parametrize("tokens, channels", [(2688, 2048), (8064, 4096)])
@@ -197,8 +199,9 @@ def test_argument_errors(ops):
 
 def valid_inputs(op, dtype, gen):
     spec = load_spec(op)
-    shape = (2, 24, 256) if op == "rope3d" else (2, 3, 7, 64)
-    params = [2, 3, 4] + [p.default for p in spec.params[3:]] if op == "rope3d" else []
+    grid = spec.structure.grid is not None
+    shape = (2, 24, 256) if grid else (2, 3, 7, 64)
+    params = [2, 3, 4] + [p.default for p in spec.params[3:]] if grid else []
     return example_inputs(spec, shape, dtype, k_heads=2, generator=gen), params
 
 
@@ -226,8 +229,27 @@ def test_opcheck_and_compile(built, ops, op):
 @pytest.mark.parametrize("op", ROTARY)
 def test_empty_input(ops, op):
     spec = load_spec(op)
-    shape = (0, 1, 64) if op == "rope3d" else (2, 0, 64)  # rope3d: no batch on a 1·1·1 grid
+    shape = (0, 1, 64) if spec.structure.grid else (2, 0, 64)  # grid ops: no batch on a 1·1·1 grid
     inputs = example_inputs(spec, shape, torch.float16)
     outs = ops[op](*inputs)
     for out in outs if isinstance(outs, tuple) else (outs,):
         assert out.shape == shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_in_place(built, ops, dtype):
+    """rope_ rotates q and k where they are (transformers' transposed views included), equal to rope."""
+    module = built("rope")[1]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    b, t, d = 2, 33, 128
+    q = torch.randn(b, t, 8 * d, generator=gen, device="cuda").to(dtype).view(b, t, 8, d).transpose(1, 2)
+    k = torch.randn(b, t, 2 * d, generator=gen, device="cuda").to(dtype).view(b, t, 2, d).transpose(1, 2)
+    cos, sin = (torch.randn(b, t, d, generator=gen, device="cuda").to(dtype) for _ in range(2))
+    for convention in ("single_rounding", "transformers"):
+        want_q, want_k = ops["rope"](q, k, cos, sin, convention=convention)
+        q2, k2 = q.clone(), k.clone()
+        assert module.rope_(q2, k2, cos, sin, convention=convention) is None
+        assert torch.equal(q2, want_q) and torch.equal(k2, want_k)
+    torch.library.opcheck(module._ops.ops.rope_, (q.clone(), k.clone(), cos, sin))
+    with pytest.raises(ValueError, match="rope_: x is rotated in place, so its last dim must have unit stride"):
+        module.rope_(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, cos, sin)

@@ -58,7 +58,7 @@ CASES = [
     ({"conventions": '[Convention(name="plain", matches="-", outputs={"y": x})]'},
      ["structure.conventions.0.outputs: expected one expression for each of ['out'], got ['y']"]),
     ({"ref_body": "return sp.Abs(x) * torch.ones(1)"},
-     ["reference uses ['sp'] from its module; a generated project's test copies the reference alone"]),
+     ["reference uses ['sp'] from its module; a generated project's test copies the reference and the functions it calls"]),
     ({"conventions": '[]'}, ["RowReduce.conventions: List should have at least 1 item"]),
     ({"tensors": GOOD["tensors"].replace('role="output"', 'role="result"')},
      ["Tensor.role: Input should be 'input' or 'output'"]),

@@ -48,6 +48,7 @@ def _adaln_layernorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Ten
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("adaln_layernorm"))(_adaln_layernorm_fake)
 torch.library.register_fake(add_op_namespace_prefix("adaln_layernorm_diffusers"))(_adaln_layernorm_fake)
 

@@ -53,6 +53,7 @@ def _adaln_rmsnorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tenso
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("adaln_rmsnorm"))(_adaln_rmsnorm_fake)
 torch.library.register_fake(add_op_namespace_prefix("adaln_rmsnorm_diffusers"))(_adaln_rmsnorm_fake)
 

@@ -42,6 +42,7 @@ def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("geglu"))(_geglu_fake)
 torch.library.register_fake(add_op_namespace_prefix("geglu_tanh"))(_geglu_fake)
 torch.library.register_fake(add_op_namespace_prefix("geglu_erf_diffusers"))(_geglu_fake)

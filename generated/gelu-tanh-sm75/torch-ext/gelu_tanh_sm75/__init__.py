@@ -32,6 +32,7 @@ def _gelu_tanh_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("gelu_tanh"))(_gelu_tanh_fake)
 
 __all__ = ["gelu_tanh", "layers", "CONVENTIONS"]

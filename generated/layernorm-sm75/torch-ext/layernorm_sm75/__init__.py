@@ -43,6 +43,7 @@ def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("layernorm"))(_layernorm_fake)
 
 __all__ = ["layernorm", "layers", "CONVENTIONS"]

@@ -63,6 +63,7 @@ def _residual_adaln_rmsnorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("residual_adaln_rmsnorm"))(_residual_adaln_rmsnorm_fake)
 torch.library.register_fake(add_op_namespace_prefix("residual_adaln_rmsnorm_diffusers"))(_residual_adaln_rmsnorm_fake)
 

@@ -41,6 +41,7 @@ def _rmsnorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: f
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("rmsnorm"))(_rmsnorm_fake)
 torch.library.register_fake(add_op_namespace_prefix("rmsnorm_transformers"))(_rmsnorm_fake)
 

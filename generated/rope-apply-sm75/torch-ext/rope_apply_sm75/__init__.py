@@ -40,6 +40,7 @@ def _rope_apply_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("rope_apply"))(_rope_apply_fake)
 
 __all__ = ["rope_apply", "layers", "CONVENTIONS"]

@@ -44,6 +44,7 @@ def _rope3d_fake(x: torch.Tensor, frames: int = 1, height: int = 1, width: int =
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("rope3d"))(_rope3d_fake)
 
 __all__ = ["rope3d", "layers", "CONVENTIONS"]

@@ -36,6 +36,7 @@ def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("silu_and_mul"))(_silu_and_mul_fake)
 torch.library.register_fake(add_op_namespace_prefix("silu_and_mul_transformers"))(_silu_and_mul_fake)
 

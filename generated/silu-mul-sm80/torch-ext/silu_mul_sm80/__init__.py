@@ -39,6 +39,7 @@ def _silu_mul_fake(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+
 torch.library.register_fake(add_op_namespace_prefix("silu_mul"))(_silu_mul_fake)
 torch.library.register_fake(add_op_namespace_prefix("silu_mul_transformers"))(_silu_mul_fake)
 
