@@ -67,6 +67,8 @@ def test_kernelize_replaces_transformers_rmsnorm(built):
     model = torch.nn.Sequential(norm)
     with use_kernel_mapping(mapping):
         kernelize(model, mode=Mode.INFERENCE, device="cuda")
+    served_by = getattr(norm.forward, "__func__", norm.forward).__module__
+    assert served_by.endswith(".layers"), f"kernelize kept the forward from {served_by}, not kgen's layer"
     with torch.no_grad():
         got = model(x)
     direct = kernel.rmsnorm(x, norm.weight, 1e-6, convention="transformers")
