@@ -102,11 +102,13 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelP
                                       "threads than one full wave: then heads are split in chunks")
     scalar = 2 if kind == "rotary" and spec.structure.pairing == "interleaved" else 1
     buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
+    what = "each half of a packed one" if kind == "elementwise" else "rotate_half pairs need a multiple of twice that"
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when every tensor "
-                       f"(each half of a packed one) is {VECTOR_BYTES}-byte aligned and hidden and row strides "
-                       f"are multiples of {VECTOR_BYTES // elem}: the widest global access a thread can issue",
-        "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
+                       f"is {VECTOR_BYTES}-byte aligned and hidden and strides are multiples of "
+                       f"{VECTOR_BYTES // elem} ({what}): the widest global access a thread can issue",
+        "scalar path": f"otherwise {'one pair' if scalar == 2 else 'one element'} per access: correct for any "
+                       "alignment and any hidden size",
         "block_threads": reasons["threads_per_row"],
     }
     return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes, kind)
@@ -197,10 +199,12 @@ class LaunchPlan:
         rows = [("accesses", f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
                  self.vector_reason + "; " + kernel.notes["vector path" if b.vectorized else "scalar path"])]
         if kernel.kind != "row_reduce":
+            wave = profile.sm_count * profile.max_threads_per_sm // b.block_threads
+            capped = f"; rotary grids stop at one full wave ({wave}), threads walking tokens" if kernel.kind == "rotary" else ""
             return rows + [
                 ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
-                ("grid", f"{self.grid} blocks", f"ceil({self.rows} × {self.hidden} / {b.elems_per_access} "
-                 f"accesses / {b.block_threads}) on {profile.sm_count} SMs"),
+                ("grid", f"{self.grid} blocks", f"ceil({self.rows} × {self.hidden} / {b.elems_per_access} accesses / "
+                 f"{b.block_threads}) on {profile.sm_count} SMs{capped}"),
                 ("storage", "none", b.reasons["storage"])]
         rows += [
             ("threads per row", str(b.threads_per_row), self.widened or b.reasons["threads_per_row"]),
@@ -242,7 +246,10 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
     candidates = [b for b in kernel.buckets if b.elems_per_access == wanted]
     if kernel.kind != "row_reduce":
         b = kernel.buckets[0 if vector else 1]  # one configuration per access width
-        grid = -(-rows * (hidden // b.elems_per_access) // b.block_threads)
+        per_thread = b.elems_per_access * (2 if kernel.kind == "rotary" and spec.structure.pairing == "half" else 1)
+        grid = -(-rows * (hidden // per_thread) // b.block_threads)
+        if kernel.kind == "rotary":
+            grid = min(grid, profile.sm_count * profile.max_threads_per_sm // b.block_threads)
         return LaunchPlan(kernel, b, rows, hidden, grid, 0, min_bytes(spec, rows, hidden, elem), vector_reason,
                           None, False)
     index = next(i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)

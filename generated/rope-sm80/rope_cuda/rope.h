@@ -4,7 +4,7 @@
 // arch: sm_80 (A100 SXM 80GB), 108 SMs, 163 KB shared memory per block
 // dtypes: float32, float16, bfloat16
 // plan (the launcher picks the access width at run time):
-//   vector path: 16-byte accesses (4 × float32) when every tensor (each half of a packed one) is 16-byte aligned and hidden and row strides are multiples of 4: the widest global access a thread can issue
+//   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (rotate_half pairs need a multiple of twice that): the widest global access a thread can issue
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block

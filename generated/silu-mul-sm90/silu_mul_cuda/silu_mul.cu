@@ -4,7 +4,7 @@
 // arch: sm_90 (H100 SXM, H200 SXM), 132 SMs, 227 KB shared memory per block
 // dtypes: float32, float16, bfloat16
 // plan (the launcher picks the access width at run time):
-//   vector path: 16-byte accesses (4 × float32) when every tensor (each half of a packed one) is 16-byte aligned and hidden and row strides are multiples of 4: the widest global access a thread can issue
+//   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (each half of a packed one): the widest global access a thread can issue
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of every tensor at one position (profile planner.block_threads); rows are flattened
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block
