@@ -18,7 +18,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' | tee -a "$RAW/device.txt"
 status=0
 # Every op's local build at once (the test fixtures and the benchmark then find them up to date).
-python3 -m kgen build --all --arch sm_90 --compile --jobs "${JOBS:-8}" --out "$KGEN_TEST_BUILD_ROOT" \
+ARCH=$(python3 -c 'from kgen.builder import device_arch; print(device_arch())')
+python3 -m kgen build --all --arch "$ARCH" --compile --jobs "${JOBS:-8}" --out "$KGEN_TEST_BUILD_ROOT" \
   > "$RAW/build.log" 2>&1 || { tail -50 "$RAW/build.log"; status=1; }
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest tests -m gpu -p no:cacheprovider -q -rfEs -o junit_family=xunit1 --junitxml="$RAW/gpu-junit.xml" ${PYTEST_ARGS:-} \
