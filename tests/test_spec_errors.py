@@ -122,3 +122,55 @@ def test_name_must_match_file(ops_dir):
 def test_unknown_op_lists_known_ones(ops_dir):
     with pytest.raises(KgenError, match=r"unknown op 'nope'; known ops: .*rmsnorm"):
         load_spec("nope")
+
+
+STRUCTURES = """
+import sympy as sp
+from kgen.dsl import *
+x, x_pair, h, gate, k = sp.symbols("x x_pair h gate k")
+def ref(x, *rest, convention="plain"):
+    return x
+spec = OpSpec(name="bad", summary="a test op", tensors={tensors}, params={params}, structure={structure},
+              reference=ref, inplace={inplace})
+"""
+ROTARY = ('Rotary(pairing="interleaved", conventions=[Convention(name="plain", matches="-", '
+          'outputs={"out": x * cos + sign * x_pair * sin})])')
+TABLES = ('[Tensor(name="x", dims="*rows hidden"), Tensor(name="cos", dims="*rows hidden", dtype="float32", '
+          'broadcast=True), Tensor(name="sin", dims="*rows hidden", dtype="float32", broadcast=True), '
+          'Tensor(name="out", dims="*rows hidden", role="output")]')
+STRUCTURE_CASES = [
+    ({"tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), Tensor(name="w", dims="hidden"), '
+                 'Tensor(name="out", dims="*rows hidden", role="output")]',
+      "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": h * gate})])'},
+     "an elementwise op takes '*rows hidden' and '*rows 2*hidden' inputs only"),
+    ({"tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), '
+                 'Tensor(name="out", dims="*rows hidden", role="output")]',
+      "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
+     "structure.conventions.0.outputs.out: unknown symbols ['x']; allowed here: ['gate', 'h', 'hidden', 'inv_hidden']"),
+    ({"tensors": TABLES.replace(', broadcast=True', '', 1)},
+     "a rotary op without grid angles takes cos and sin tensors with broadcast=True"),
+    ({"structure": ROTARY.replace("Rotary(", 'Rotary(grid=GridAngles(axes=["f"], sizes=["n"], coordinates=[k], '
+                                            'frequency=k, angle=freq * coord), ')},
+     "grid angles serve interleaved pairs, with no cos/sin tensors"),
+    ({"inplace": '{"out": "cos"}'}, "inplace: a rotary op's output may only overwrite its own rotated input"),
+    ({"inplace": '{"out": "y"}', "tensors": '[Tensor(name="x", dims="*rows hidden"), '
+                                           'Tensor(name="out", dims="*rows hidden", role="output")]',
+      "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
+     "inplace: maps outputs ['out'] to the inputs they overwrite, required '*rows hidden' inputs of the same shape ['x']"),
+    ({"params": '[Param(name="n", default=2.5, integer=True)]'},
+     "integer param 'n' needs an integer default, got 2.5"),
+]
+
+
+@pytest.mark.parametrize("overrides,fragment", STRUCTURE_CASES, ids=[f.split(":")[0][:40] for _, f in STRUCTURE_CASES])
+def test_bad_structure_message(ops_dir, overrides, fragment):
+    fields = {"tensors": TABLES, "params": "[]", "structure": ROTARY, "inplace": "{}"} | overrides
+    (ops_dir / "bad.py").write_text(STRUCTURES.format(**fields))
+    with pytest.raises(KgenError) as info:
+        load_spec("bad")
+    assert fragment in str(info.value)
+
+
+def test_the_good_rotary_spec_loads(ops_dir):
+    (ops_dir / "bad.py").write_text(STRUCTURES.format(tensors=TABLES, params="[]", structure=ROTARY, inplace='{"out": "x"}'))
+    assert load_spec("bad").structure.kind == "rotary"
