@@ -38,7 +38,8 @@ class Case:
     @property
     def label(self) -> str:
         extra = [f"{k}={v:g}" for k, v in self.params] + ([f"k heads {self.k_heads}"] if self.k_heads else [])
-        return shape_label(self.shape, self.per_batch) + (f" ({', '.join(extra)})" if extra else "")
+        return ("×".join(map(str, self.shape)) + (" per batch" if self.per_batch else "")
+                + (f" ({', '.join(extra)})" if extra else ""))
 
 
 def suite(op: str) -> list[Case]:
@@ -58,6 +59,8 @@ def param_values(spec, case: Case) -> list:
 def tensor_shape(spec, t, shape, per_batch: bool = False, k_heads: int | None = None) -> tuple[int, ...]:
     """The shape of the spec's tensor t when the op's outputs (a rotary op's x) have ``shape``."""
     shape = tuple(shape)
+    if t.coordinates:  # [B, axes, S] beside x [B, S, C]
+        return (shape[0], len(spec.structure.grid.axes), shape[1])
     if spec.structure.kind == "rotary":
         if t.name in ("cos", "sin"):  # x's shape without the head dim, batch 1 when per_batch
             table = shape[:1] + shape[2:] if len(shape) == 4 else shape
@@ -84,10 +87,6 @@ def example_inputs(spec, shape, dtype, *, per_batch: bool = False, k_heads: int 
             (torch.randn(tensor_shape(spec, t, shape, per_batch, k_heads), generator=generator, device="cuda")
              * magnitude).to(torch.float32 if t.dtype == "float32" else dtype)
             for t in spec.inputs]
-
-
-def shape_label(shape, per_batch: bool) -> str:
-    return "×".join(map(str, shape)) + (" per batch" if per_batch else "")
 
 
 class Timer:
@@ -182,7 +181,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen"]:
         table.add_column(col, justify="right")
     for r in rows_out:
-        table.add_row(r.get("label", shape_label(r["shape"], False)), f"{r['min_bytes'] / 1e6:.1f}",
+        table.add_row(r.get("label") or "×".join(map(str, r["shape"])), f"{r['min_bytes'] / 1e6:.1f}",
                       *[f"{r['times_us'][n]:.1f}" for n in names], f"{r['kgen_gbs']:.0f}",
                       f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
                       f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-")
@@ -230,7 +229,7 @@ def markdown(result: dict) -> str:
              "|---" * (len(names) + 6) + "|"]
     for r in result["rows"]:
         ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
-        lines.append(f"| {r.get('label', shape_label(r['shape'], False))} | {r['min_bytes'] / 1e6:.1f} | "
+        lines.append(f"| {r.get('label') or '×'.join(map(str, r['shape']))} | {r['min_bytes'] / 1e6:.1f} | "
                      + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
                      + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} |")
     return "\n".join(lines) + "\n"

@@ -54,7 +54,7 @@ def _sympy_expr(value: Any) -> sp.Expr:
 
 SympyExpr = Annotated[sp.Expr, PlainValidator(_sympy_expr)]
 
-_DIMS = re.compile(r"^(\*rows )?(2\*)?hidden$")
+_DIMS = re.compile(r"^((\*rows )?(2\*)?hidden|batch axes tokens)$")
 
 
 class Tensor(BaseModel):
@@ -62,7 +62,8 @@ class Tensor(BaseModel):
     the op working along the last), ``"hidden"`` (one value per column) or ``"*rows 2*hidden"``
     (a packed input: two halves along the last dim, named by ``halves``, e.g. GEGLU's hidden and
     gate). ``broadcast`` lets a '*rows hidden' input broadcast over x's leading dims (e.g. a
-    per-batch [B, 1, C] modulation beside a [B, S, C] x)."""
+    per-batch [B, 1, C] modulation beside a [B, S, C] x). ``"batch axes tokens"`` is a float32
+    [B, axes, S] tensor of per-token grid coordinates (a rotary op's GridAngles.coordinates_input)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Identifier
@@ -79,7 +80,7 @@ class Tensor(BaseModel):
     @classmethod
     def _dims(cls, dims: str) -> str:
         if not _DIMS.match(dims):
-            raise ValueError(f"dims must be '*rows hidden', 'hidden' or '*rows 2*hidden', got {dims!r}")
+            raise ValueError(f"dims must be '*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens', got {dims!r}")
         return dims
 
     @model_validator(mode="after")
@@ -97,11 +98,17 @@ class Tensor(BaseModel):
             raise ValueError(f"tensor {self.name!r}: only a '*rows hidden' input can broadcast")
         if self.dtype != "io" and self.role == "output":
             raise ValueError(f"output {self.name!r} has the I/O dtype")
+        if self.coordinates and (self.dtype != "float32" or self.role == "output" or self.optional):
+            raise ValueError(f"tensor {self.name!r}: grid coordinates are a required float32 input")
         return self
 
     @property
     def packed(self) -> bool:
         return self.dims.endswith("2*hidden")
+
+    @property
+    def coordinates(self) -> bool:
+        return self.dims == "batch axes tokens"
 
     @property
     def per_row(self) -> bool:
@@ -166,8 +173,11 @@ class GridAngles(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     axes: list[Identifier] = Field(min_length=1, max_length=3)
-    sizes: list[Identifier] = Field(min_length=1, max_length=3)
+    sizes: list[Identifier] = Field(default=[], max_length=3)
     coordinates: list[SympyExpr]
+    # a 'batch axes tokens' input giving each token's coordinates (diffusers' video_coords) instead
+    # of the sizes; then ``coordinates`` map each given value (the axis symbol) to the coordinate
+    coordinates_input: Identifier | None = None
     frequency: SympyExpr
     angle: SympyExpr
 
@@ -278,7 +288,11 @@ class OpSpec(BaseModel):
 
         params = {p.name for p in self.params}
         known = set(params) | BUILTIN_SYMBOLS
-        columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row}
+        columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row and not t.coordinates}
+        given = {t.name for t in self.tensors if t.coordinates}
+        if given != ({structure.grid.coordinates_input} - {None} if getattr(structure, "grid", None) else set()):
+            raise ValueError("a 'batch axes tokens' input is the coordinates_input of a rotary op's grid angles, "
+                             "and that input needs one")
         if structure.kind == "rotary":
             inputs, known = self._check_rotary(columns, known)
         elif structure.kind == "elementwise":
@@ -348,9 +362,10 @@ class OpSpec(BaseModel):
             if tables or structure.pairing != "interleaved":
                 raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
             ints = {p.name for p in self.params if p.integer}
-            if not set(grid.sizes) <= ints or not (len(grid.axes) == len(grid.sizes) == len(grid.coordinates)):
-                raise ValueError(f"structure.grid: one size (an integer param; have {sorted(ints)}), one axis and "
-                                 f"one coordinate per axis")
+            sizes = len(grid.axes) if grid.coordinates_input is None else 0
+            if not set(grid.sizes) <= ints or not (len(grid.sizes) == sizes and len(grid.axes) == len(grid.coordinates)):
+                raise ValueError(f"structure.grid: one coordinate per axis, and one size per axis (an integer param; "
+                                 f"have {sorted(ints)}) unless the coordinates come from coordinates_input")
             floats = {p.name for p in self.params if not p.integer}
             for axis, expr in zip(grid.axes, grid.coordinates):
                 _check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}")
@@ -369,7 +384,7 @@ class OpSpec(BaseModel):
 
     @property
     def column_inputs(self) -> list[Tensor]:
-        return [t for t in self.inputs if not t.per_row]
+        return [t for t in self.inputs if not t.per_row and not t.coordinates]
 
     @property
     def outputs(self) -> list[Tensor]:

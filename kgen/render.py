@@ -146,7 +146,7 @@ def _elementwise_context(spec, names: dict[str, str]) -> dict:
 
 def _rotary_context(spec, names: dict[str, str]) -> dict:
     structure = spec.structure
-    rotated = [t for t in spec.inputs if t.name not in ("cos", "sin")]
+    rotated = [t for t in spec.inputs if t.name not in ("cos", "sin") and not t.coordinates]
     tables = [t for t in spec.inputs if t.name in ("cos", "sin")]
     conventions = [{
         "name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
@@ -155,7 +155,7 @@ def _rotary_context(spec, names: dict[str, str]) -> dict:
     grid = None
     if structure.grid is not None:
         g = structure.grid
-        grid = {"axes": g.axes, "sizes": g.sizes,
+        grid = {"axes": g.axes, "sizes": g.sizes, "coordinates_input": g.coordinates_input,
                 "coordinates": [statements({"coord": e}, names) for e in g.coordinates],
                 "frequency": statements({"freq": g.frequency}, names),
                 "angle": statements({"angle": g.angle}, names)}
@@ -169,7 +169,7 @@ def _rotary_context(spec, names: dict[str, str]) -> dict:
 
 def _fake_result(spec, empty: str) -> str:
     if spec.structure.kind == "rotary":  # each output has its rotated input's shape
-        rotated = [t.name for t in spec.inputs if t.name not in ("cos", "sin")]
+        rotated = [t.name for t in spec.inputs if t.name not in ("cos", "sin") and not t.coordinates]
         empties = [f"torch.empty({name}.shape, dtype=x.dtype, device=x.device)" for name in rotated]
     else:
         empties = [empty] * len(spec.outputs)
@@ -230,9 +230,11 @@ def _context(target: Target) -> dict:
     bench_cases = [((8192, 4096), ""), ((16384, 2048), ""), ((4096, 8192), "")]
     if kind == "rotary":
         bench_cases = [((1, 32, 2048, 128), ""), ((64, 32, 1, 128), ""), ((2, 2688, 2048), "")]
-        if spec.structure.grid is not None:  # LTX-Video 49 and 161 frames at 512×768
-            bench_cases = [((2, 7 * 16 * 24, 2048), "frames=7, height=16, width=24"),
-                           ((2, 21 * 16 * 24, 2048), "frames=21, height=16, width=24")]
+        grid = spec.structure.grid
+        if grid is not None:  # LTX-Video 49 and 161 frames at 512×768
+            sizes = [", ".join(f"{n}={v}" for n, v in zip(grid.sizes, (f, 16, 24))) for f in (7, 21)]
+            bench_cases = [((2, f * 16 * 24, 2048), size) for f, size in zip((7, 21), sizes)]
+            example |= {t.name: f"(shape[0], {len(grid.axes)}, shape[1])" for t in spec.inputs if t.coordinates}
     card_shape, card_params = bench_cases[0]
     card_inputs = {t.name: eval(example[t.name], {"shape": card_shape}) for t in spec.inputs}  # noqa: S307
     return ctx | {

@@ -46,20 +46,10 @@ GRID = GridAngles(
 )
 
 
-def rope3d_ref(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0,
-               base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0,
-               scale_t: float = 8 / 25, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0,
-               patch: float = 1.0, tables: bool = False) -> torch.Tensor:
-    """The tables as diffusers builds them (fp32, on x's device), applied in float64; with
-    ``tables``, the (cos, sin) tables themselves."""
+def ltx_rotary_apply(x: torch.Tensor, grid: torch.Tensor, theta: float, tables: bool):
+    """diffusers' tables from the fp32 grid coordinates [B, S, 3] (LTXVideoRotaryPosEmbed after its
+    coordinates), applied to x in float64; with ``tables``, the (cos, sin) tables themselves."""
     dim, device = x.shape[-1], x.device
-    grid = torch.stack(torch.meshgrid(*(torch.arange(n, dtype=torch.float32, device=device)
-                                        for n in (frames, height, width)), indexing="ij"), dim=0)
-    grid = grid.unsqueeze(0).repeat(x.shape[0], 1, 1, 1, 1)
-    grid[:, 0:1] = grid[:, 0:1] * scale_t * patch_t / base_frames
-    grid[:, 1:2] = grid[:, 1:2] * scale_h * patch / base_height
-    grid[:, 2:3] = grid[:, 2:3] * scale_w * patch / base_width
-    grid = grid.flatten(2, 4).transpose(1, 2)
     freqs = theta ** torch.linspace(math.log(1.0, theta), math.log(theta, theta), dim // 6, device=device,
                                     dtype=torch.float32)
     freqs = (freqs * math.pi / 2.0) * (grid.unsqueeze(-1) * 2 - 1)
@@ -72,6 +62,21 @@ def rope3d_ref(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1
     pairs = x.double().unflatten(-1, (-1, 2))
     rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
     return x.double() * cos.double() + rotated * sin.double()
+
+
+def rope3d_ref(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0,
+               base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0,
+               scale_t: float = 8 / 25, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0,
+               patch: float = 1.0, tables: bool = False) -> torch.Tensor:
+    """The tables as diffusers builds them (fp32, on x's device), applied in float64; with
+    ``tables``, the (cos, sin) tables themselves."""
+    grid = torch.stack(torch.meshgrid(*(torch.arange(n, dtype=torch.float32, device=x.device)
+                                        for n in (frames, height, width)), indexing="ij"), dim=0)
+    grid = grid.unsqueeze(0).repeat(x.shape[0], 1, 1, 1, 1)
+    grid[:, 0:1] = grid[:, 0:1] * scale_t * patch_t / base_frames
+    grid[:, 1:2] = grid[:, 1:2] * scale_h * patch / base_height
+    grid[:, 2:3] = grid[:, 2:3] * scale_w * patch / base_width
+    return ltx_rotary_apply(x, grid.flatten(2, 4).transpose(1, 2), theta, tables)
 
 
 _TABLES: dict = {}

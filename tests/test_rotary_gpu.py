@@ -35,7 +35,9 @@ def partner(t: torch.Tensor, pairing: str) -> torch.Tensor:
 
 def tables(op: str, x: torch.Tensor, inputs: list, params: list):
     """The cos and sin each element of x sees, broadcast to x's shape."""
-    if load_spec(op).structure.grid is not None:  # the grid ops share rope3d's angles
+    if any(t.coordinates for t in load_spec(op).inputs):
+        cos, sin = load_spec(op).reference(x, inputs[1], *params, tables=True)
+    elif load_spec(op).structure.grid is not None:  # the grid ops share rope3d's angles
         cos, sin = load_spec("rope3d").reference(x, *params, tables=True)
     else:
         cos, sin = inputs[-2:]
@@ -49,7 +51,7 @@ def check(op, outs, inputs, params, convention):
     kwargs = {"convention": convention} if len(spec.structure.conventions) > 1 else {}
     expected = spec.reference(*inputs, *params, **kwargs)
     outs, expected = (outs, expected) if isinstance(outs, tuple) else ((outs,), (expected,))
-    rotated = [t for t in inputs if t is not None][: len(outs)]
+    rotated = [t for t, spec_t in zip(inputs, spec.inputs) if t is not None and not spec_t.coordinates][: len(outs)]
     roundings = 3 if convention == "transformers" else 1
     for out, want, x in zip(outs, expected, rotated):
         assert out.shape == x.shape and out.dtype == x.dtype
@@ -74,7 +76,9 @@ def cases(draw):
     hidden = draw(st.sampled_from([2, 4, 6, 8, 12, 14, 16, 64, 96, 100, 128, 256, 2048]))
     params = [p.default for p in spec.params]
     k_heads = None
-    if spec.structure.grid is not None:
+    if spec.structure.grid is not None and not spec.structure.grid.sizes:  # coordinates given per token
+        shape = (draw(st.integers(1, 3)), draw(st.integers(1, 300)), hidden)
+    elif spec.structure.grid is not None:
         grid = [draw(st.integers(1, 6)) for _ in range(3)]
         shape = (draw(st.integers(1, 3)), grid[0] * grid[1] * grid[2], hidden)
         params[:3] = grid
@@ -99,9 +103,11 @@ def test_matches_reference(ops, case):
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
     inputs = example_inputs(spec, case["shape"], case["dtype"], per_batch=case["per_batch"], k_heads=case["k_heads"],
                             generator=gen, magnitude=case["magnitude"])
-    for t, tensor in zip(inputs, spec.inputs):  # tables are cos/sin-sized
+    for t, tensor in zip(inputs, spec.inputs):  # tables are cos/sin-sized, coordinates up to 2048
         if tensor.name in ("cos", "sin"):
             t.div_(case["magnitude"])
+        if tensor.coordinates:
+            t.copy_((t.abs() * 700 / case["magnitude"]).round())
     outs = ops[op](*inputs, *case["params"], convention=case["convention"])
     check(op, outs, inputs, case["params"], case["convention"])
 
@@ -154,6 +160,10 @@ def test_rope3d_in_kernel_angles_equal_the_table_form(ops, record_property, dtyp
     assert same == 1.0
     q_out, k_out = ops["rope3d_qk"](x, x.flip(0), *grid)  # q and k in one launch: the same angles
     assert torch.equal(q_out, in_kernel) and torch.equal(k_out, ops["rope3d"](x.flip(0), *grid))
+    # the same grid given as video_coords (f·8/25, h·32, w·32 per token, as LTX-Video's pipeline makes them)
+    f, h, w = torch.meshgrid(*(torch.arange(n, dtype=torch.float32, device="cuda") for n in grid), indexing="ij")
+    coords = torch.stack([f * (8 / 25) * 1.0, h * 32.0 * 1.0, w * 32.0 * 1.0]).flatten(1).expand(2, 3, tokens)
+    assert torch.equal(ops["rope3d_coords"](x, coords), in_kernel)
 
 
 @pytest.mark.parametrize("tokens, channels", [(2688, 2048), (8064, 4096)])
@@ -166,7 +176,12 @@ def test_rope3d_angles_match_diffusers(ops, record_property, tokens, channels):
                                                  patch_size=1, patch_size_t=1, theta=10000.0)
     x = torch.zeros(2, tokens, channels, device="cuda")
     want_cos, want_sin = embed(x, *grid, rope_interpolation_scale=(8 / 25, 32, 32))
+    coords = torch.rand(2, 3, tokens, device="cuda") * torch.tensor([20.0, 2048, 2048], device="cuda")[:, None]
+    coords_cos, coords_sin = embed(x, video_coords=coords)
     x[..., 0::2] = 1.0
+    from_coords = ops["rope3d_coords"](x, coords)
+    assert torch.equal(from_coords[..., 0::2].repeat_interleave(2, -1), coords_cos)
+    assert torch.equal(from_coords[..., 1::2].repeat_interleave(2, -1), coords_sin)
     out = ops["rope3d"](x, *grid)
     got_cos, got_sin = out[..., 0::2].repeat_interleave(2, -1), out[..., 1::2].repeat_interleave(2, -1)
     pad = channels % 6
@@ -199,8 +214,8 @@ def test_argument_errors(ops):
 
 def valid_inputs(op, dtype, gen):
     spec = load_spec(op)
-    grid = spec.structure.grid is not None
-    shape = (2, 24, 256) if grid else (2, 3, 7, 64)
+    grid = spec.structure.grid is not None and bool(spec.structure.grid.sizes)
+    shape = (2, 24, 256) if spec.structure.grid else (2, 3, 7, 64)
     params = [2, 3, 4] + [p.default for p in spec.params[3:]] if grid else []
     return example_inputs(spec, shape, dtype, k_heads=2, generator=gen), params
 

@@ -34,7 +34,7 @@ spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={param
 CASES = [
     ({"name": '"Bad-Op"'}, ["OpSpec.name: String should match pattern"]),
     ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
-     ["Tensor.dims: Value error, dims must be '*rows hidden', 'hidden' or '*rows 2*hidden', got 'rows d'"]),
+     ["Tensor.dims: Value error, dims must be '*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens', got 'rows d'"]),
     ({"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
      ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"]),
     ({"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
