@@ -51,18 +51,13 @@ def suite(op: str) -> list[Case]:
             if isinstance(e, dict) else Case(tuple(e)) for e in table[op]["shapes"]]
 
 
-def param_values(spec, case: Case) -> list:
-    given = dict(case.params)
-    return [type_(given.get(p.name, p.default)) for p in spec.params for type_ in [int if p.integer else float]]
-
-
 def tensor_shape(spec, t, shape, per_batch: bool = False, k_heads: int | None = None) -> tuple[int, ...]:
     """The shape of the spec's tensor t when the op's outputs (a rotary op's x) have ``shape``."""
     shape = tuple(shape)
     if t.coordinates:  # [B, axes, S] beside x [B, S, C]
         return (shape[0], len(spec.structure.grid.axes), shape[1])
     if spec.structure.kind == "rotary":
-        if t.name in ("cos", "sin"):  # x's shape without the head dim, batch 1 when per_batch
+        if t in spec.tables:  # x's shape without the head dim, batch 1 when per_batch
             table = shape[:1] + shape[2:] if len(shape) == 4 else shape
             return (1, *table[1:]) if per_batch and len(table) == 3 else table
         if t.name != "x" and len(shape) == 4 and k_heads:
@@ -141,7 +136,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
                   f"{large_copy:.0f} µs = {ceiling:.0f} GB/s")
     rows_out = []
     for case in suite(op):
-        params = param_values(spec, case)
+        params = [(int if p.integer else float)(dict(case.params).get(p.name, p.default)) for p in spec.params]
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
         outputs = kernel(*inputs, *params)
         # each input read once, each output written once

@@ -294,7 +294,7 @@ class OpSpec(BaseModel):
             raise ValueError("a 'batch axes tokens' input is the coordinates_input of a rotary op's grid angles, "
                              "and that input needs one")
         if structure.kind == "rotary":
-            inputs, known = self._check_rotary(columns, known)
+            inputs = self._check_rotary(columns)
         elif structure.kind == "elementwise":
             if columns or any(t.broadcast for t in self.tensors):
                 raise ValueError("an elementwise op takes '*rows hidden' and '*rows 2*hidden' inputs only "
@@ -342,10 +342,9 @@ class OpSpec(BaseModel):
                                  f"got {sorted(layer.bind)}")
         return self
 
-    def _check_rotary(self, columns: set[str], known: set[str]) -> tuple[set[str], set[str]]:
-        structure = self.structure
-        rotated = [t for t in self.inputs if t.dtype == "io" and t.name not in ("cos", "sin")]
-        tables = [t for t in self.inputs if t.name in ("cos", "sin")]
+    def _check_rotary(self, columns: set[str]) -> set[str]:
+        """The rotary rules; returns the symbols an output expression may use."""
+        structure, rotated, tables = self.structure, self.rotated_inputs, self.tables
         if columns or any(t.packed or t.optional or t.broadcast for t in rotated):
             raise ValueError("a rotary op rotates required '*rows hidden' inputs (q, and optionally k) and may take "
                              "cos and sin tensors; nothing else")
@@ -356,9 +355,8 @@ class OpSpec(BaseModel):
             raise ValueError("a rotary op without grid angles takes cos and sin tensors with broadcast=True")
         if any(self.inplace.get(o.name, r.name) != r.name for o, r in zip(self.outputs, rotated)):
             raise ValueError("inplace: a rotary op's output may only overwrite its own rotated input")
-        names = {t.name for t in rotated}
-        if structure.grid is not None:
-            grid = structure.grid
+        names, grid = {t.name for t in rotated}, structure.grid
+        if grid is not None:
             if tables or structure.pairing != "interleaved":
                 raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
             ints = {p.name for p in self.params if p.integer}
@@ -371,7 +369,7 @@ class OpSpec(BaseModel):
                 _check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}")
             _check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency")
             _check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle")
-        return names | {f"{n}_pair" for n in names} | {"cos", "sin", "sign"}, known
+        return names | {f"{n}_pair" for n in names} | {"cos", "sin", "sign"}
 
     # -- views the other rooms read ------------------------------------------------------------
     @property
@@ -385,6 +383,16 @@ class OpSpec(BaseModel):
     @property
     def column_inputs(self) -> list[Tensor]:
         return [t for t in self.inputs if not t.per_row and not t.coordinates]
+
+    @property
+    def tables(self) -> list[Tensor]:
+        """rotary: the cos and sin inputs."""
+        return [t for t in self.inputs if t.name in ("cos", "sin")]
+
+    @property
+    def rotated_inputs(self) -> list[Tensor]:
+        """rotary: the tensors rotated into the outputs, in order (x, then k)."""
+        return [t for t in self.inputs if t.dtype == "io" and t.name not in ("cos", "sin")]
 
     @property
     def outputs(self) -> list[Tensor]:

@@ -242,8 +242,6 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
     vector_reason = (f"hidden {hidden} is a multiple of {VECTOR_BYTES // elem}: {VECTOR_BYTES}-byte accesses"
                      if vector else
                      f"hidden {hidden} is not a multiple of {VECTOR_BYTES // elem}: scalar accesses")
-    wanted = VECTOR_BYTES // elem if vector else 1
-    candidates = [b for b in kernel.buckets if b.elems_per_access == wanted]
     if kernel.kind != "row_reduce":
         b = kernel.buckets[0 if vector else 1]  # one configuration per access width
         per_thread = b.elems_per_access * (2 if kernel.kind == "rotary" and spec.structure.pairing == "half" else 1)
@@ -252,6 +250,7 @@ def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidde
             grid = min(grid, profile.sm_count * profile.max_threads_per_sm // b.block_threads)
         return LaunchPlan(kernel, b, rows, hidden, grid, 0, min_bytes(spec, rows, hidden, elem), vector_reason,
                           None, False)
+    candidates = [b for b in kernel.buckets if b.elems_per_access == (VECTOR_BYTES // elem if vector else 1)]
     index = next(i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)
     bucket, widened = widen(candidates, index, rows, hidden, profile), None
     if bucket is not candidates[index]:

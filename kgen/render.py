@@ -96,6 +96,14 @@ def _element(t, source: str) -> str:
     return f"({t.name} != nullptr ? {value} : {float(t.absent_value)!r}f)" if t.optional else value
 
 
+def _conventions(spec, names: dict[str, str], extra=lambda c: {}) -> list[dict]:
+    """Each convention's name, documentation, op-name suffix (none for the default), the statements
+    of its outputs, and ``extra(c)``."""
+    return [{"name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
+             "lines": statements({f"{o}_out": e for o, e in c.outputs.items()}, names), **extra(c)}
+            for i, c in enumerate(spec.structure.conventions)]
+
+
 def _row_reduce_context(spec, names: dict[str, str]) -> dict:
     names |= {r.stat: f"stats.{r.stat}" for r in spec.structure.reductions}
     reductions = [{
@@ -106,11 +114,8 @@ def _row_reduce_context(spec, names: dict[str, str]) -> dict:
     values = spec.row_values
     late = [t for t in spec.row_inputs if t.name in spec.late_inputs]
     early = [t for t in spec.row_inputs if t.name not in spec.late_inputs]
-    conventions = [{
-        "name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
-        "lines": statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
-        "prologue": statements({f"{v}_out": e for v, e in (spec.structure.prologue | c.prologue).items()}, names),
-    } for i, c in enumerate(spec.structure.conventions)]
+    conventions = _conventions(spec, names, lambda c: {
+        "prologue": statements({f"{v}_out": e for v, e in (spec.structure.prologue | c.prologue).items()}, names)})
     return {
         "reductions": reductions, "conventions": conventions, "values": values,
         "prologue": bool(spec.structure.prologue),
@@ -133,25 +138,17 @@ def _elementwise_context(spec, names: dict[str, str]) -> dict:
     for t in spec.row_inputs:
         halves = t.halves or (t.name,)
         sources += [{"name": h, "tensor": t.name, "second_half": i == 1} for i, h in enumerate(halves)]
-    conventions = [{
-        "name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
-        "lines": statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
-    } for i, c in enumerate(spec.structure.conventions)]
     return {
-        "conventions": conventions, "sources": sources,
+        "conventions": _conventions(spec, names), "sources": sources,
         "source_args": ", ".join(f"float {s['name']}" for s in sources),
         "source_elems": ", ".join(f"to_float({s['name']}_in.v[j])" for s in sources),
     }
 
 
 def _rotary_context(spec, names: dict[str, str]) -> dict:
-    structure = spec.structure
-    rotated = [t for t in spec.inputs if t.name not in ("cos", "sin") and not t.coordinates]
-    tables = [t for t in spec.inputs if t.name in ("cos", "sin")]
-    conventions = [{
-        "name": c.name, "matches": c.matches, "suffix": "" if i == 0 else f"_{c.name}",
-        "lines": {o: statements({f"{o}_out": e}, names) for o, e in c.outputs.items()},
-    } for i, c in enumerate(structure.conventions)]
+    structure, rotated, tables = spec.structure, spec.rotated_inputs, spec.tables
+    conventions = _conventions(spec, names, lambda c: {  # a function per output
+        "lines": {o: statements({f"{o}_out": e}, names) for o, e in c.outputs.items()}})
     grid = None
     if structure.grid is not None:
         g = structure.grid
@@ -168,12 +165,16 @@ def _rotary_context(spec, names: dict[str, str]) -> dict:
 
 
 def _fake_result(spec, empty: str) -> str:
-    if spec.structure.kind == "rotary":  # each output has its rotated input's shape
-        rotated = [t.name for t in spec.inputs if t.name not in ("cos", "sin") and not t.coordinates]
-        empties = [f"torch.empty({name}.shape, dtype=x.dtype, device=x.device)" for name in rotated]
-    else:
-        empties = [empty] * len(spec.outputs)
+    empties = ([f"torch.empty({t.name}.shape, dtype=x.dtype, device=x.device)" for t in spec.rotated_inputs]
+               if spec.structure.kind == "rotary" else [empty] * len(spec.outputs))  # rotary: each input's shape
     return empties[0] if len(empties) == 1 else f"({', '.join(empties)})"
+
+
+def _returns(n: int) -> dict[str, str]:
+    """How n returned tensors are typed in C++, in the op schema and in Python."""
+    return {"cpp": {0: "void", 1: "torch::Tensor"}.get(n, f"std::tuple<{', '.join(['torch::Tensor'] * n)}>"),
+            "schema": {0: "()", 1: "Tensor"}.get(n, f"({', '.join(['Tensor'] * n)})"),
+            "py": {0: "None", 1: "torch.Tensor"}.get(n, f"tuple[{', '.join(['torch.Tensor'] * n)}]")}
 
 
 EXAMPLE_SHAPES = {  # a Python expression of `shape` (the outputs' shape) per tensor kind
@@ -194,10 +195,17 @@ def _context(target: Target) -> dict:
     py_params = [f"{t.name}: Optional[torch.Tensor] = None" if t.optional else f"{t.name}: torch.Tensor"
                  for t in spec.inputs] + [f"{p.name}: int = {int(p.default)}" if p.integer else
                                           f"{p.name}: float = {p.default!r}" for p in spec.params]
-    cpp_params = [f"const std::optional<torch::Tensor>& {t.name}" if t.optional else f"const torch::Tensor& {t.name}"
-                  for t in spec.inputs] + [f"{'int64_t' if p.integer else 'double'} {p.name}" for p in spec.params]
-    schema = [f"Tensor{'?' if t.optional else ''} {t.name}" for t in spec.inputs] + \
-        [f"{'int' if p.integer else 'float'} {p.name}" for p in spec.params]
+    mutated = {name: chr(ord("a") + i) for i, name in enumerate(spec.inplace.values())}  # alias letters
+
+    def cpp_params(inplace: bool) -> str:
+        return ", ".join([f"const std::optional<torch::Tensor>& {t.name}" if t.optional else
+                          f"torch::Tensor& {t.name}" if inplace and t.name in mutated else f"const torch::Tensor& {t.name}"
+                          for t in spec.inputs] + [f"{'int64_t' if p.integer else 'double'} {p.name}" for p in spec.params])
+
+    def schema(inplace: bool) -> str:
+        return ", ".join([f"Tensor({mutated[t.name]}!) {t.name}" if inplace and t.name in mutated else
+                          f"Tensor{'?' if t.optional else ''} {t.name}" for t in spec.inputs]
+                         + [f"{'int' if p.integer else 'float'} {p.name}" for p in spec.params])
     call = ", ".join([t.name for t in spec.inputs] + [p.name for p in spec.params])
     banner = (f"Generated by kgen {__version__} from ops/{op}.py (spec {spec_hash(op)}) for {profile.name}. "
               f"Do not edit: regenerate with `kgen build {op} --arch {profile.name}`.")
@@ -216,9 +224,7 @@ def _context(target: Target) -> dict:
             kernel_params.append(f"int64_t {t.name}_outer_stride")
             launch_args.append(f"args.{t.name}_outer_stride")
     kept = [t for t in spec.outputs if t.name not in spec.inplace]  # what the in-place form returns
-    letters = {name: chr(ord("a") + i) for i, name in enumerate(spec.inplace.values())}
-    inplace_schema = [f"Tensor({letters[arg.split()[-1]]}!) {arg.split()[-1]}" if arg.split()[-1] in letters else arg
-                      for arg in schema]
+    returns, inplace_returns = _returns(len(spec.outputs)), _returns(len(kept))
     example = {t.name: EXAMPLE_SHAPES["packed" if t.packed else "row" if t.per_row else "column"] for t in spec.inputs}
     example_cases = [(shape, "") for shape in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)]]
     if kind == "rotary":  # rotated tensors as x; the tables are x's shape without a head dim
@@ -260,23 +266,16 @@ def _context(target: Target) -> dict:
         "kernel_params": ", ".join(kernel_params), "launch_args": ", ".join(launch_args),
         "py_signature": ", ".join(py_params), "py_call": call,
         "tensor_call": ", ".join(t.name for t in spec.inputs),
-        "cpp_return": "torch::Tensor" if len(spec.outputs) == 1 else
-                      f"std::tuple<{', '.join(['torch::Tensor'] * len(spec.outputs))}>",
+        "cpp_return": returns["cpp"], "schema_return": returns["schema"], "py_return": returns["py"],
         "cpp_result": spec.outputs[0].name if len(spec.outputs) == 1 else
                       f"std::make_tuple({', '.join(t.name for t in spec.outputs)})",
-        "schema_return": "Tensor" if len(spec.outputs) == 1 else f"({', '.join(['Tensor'] * len(spec.outputs))})",
-        "py_return": "torch.Tensor" if len(spec.outputs) == 1 else
-                     f"tuple[{', '.join(['torch.Tensor'] * len(spec.outputs))}]",
         "fake_result": _fake_result(spec, empty),
-        "cpp_signature": ", ".join(cpp_params), "cpp_call": call, "schema_args": ", ".join(schema),
-        "inplace": spec.inplace, "inplace_schema_args": ", ".join(inplace_schema),
-        "inplace_cpp_signature": ", ".join(f"torch::Tensor& {p.split('&')[-1].strip()}"  # mutated: non-const
-                                           if p.split("&")[-1].strip() in letters else p for p in cpp_params),
-        "inplace_cpp_return": {0: "void", 1: "torch::Tensor"}.get(len(kept), f"std::tuple<{', '.join(['torch::Tensor'] * len(kept))}>"),
-        "inplace_cpp_result": {0: "", 1: f"std::get<{spec.outputs.index(kept[0]) if kept else 0}>(result)"}.get(
-            len(kept), "std::make_tuple(" + ", ".join(f"std::get<{spec.outputs.index(t)}>(result)" for t in kept) + ")"),
-        "inplace_schema_return": {0: "()", 1: "Tensor"}.get(len(kept), f"({', '.join(['Tensor'] * len(kept))})"),
-        "inplace_py_return": {0: "None", 1: "torch.Tensor"}.get(len(kept), f"tuple[{', '.join(['torch.Tensor'] * len(kept))}]"),
+        "cpp_signature": cpp_params(False), "cpp_call": call, "schema_args": schema(False),
+        "inplace": spec.inplace, "inplace_schema_args": schema(True), "inplace_cpp_signature": cpp_params(True),
+        "inplace_cpp_return": inplace_returns["cpp"], "inplace_schema_return": inplace_returns["schema"],
+        "inplace_py_return": inplace_returns["py"],
+        "inplace_cpp_result": "" if not kept else f"std::get<{spec.outputs.index(kept[0])}>(result)" if len(kept) == 1
+        else "std::make_tuple(" + ", ".join(f"std::get<{spec.outputs.index(t)}>(result)" for t in kept) + ")",
         "inplace_fake_result": "None" if not kept else ", ".join([empty] * len(kept)),
         "reference_source": "\n\n".join(textwrap.dedent(inspect.getsource(fn))
                                           for fn in [*reference_helpers(spec.reference), spec.reference]),

@@ -12,6 +12,7 @@ import math
 import sympy as sp
 import torch
 
+from kgen.catalog import load_spec
 from kgen.dsl import (Convention, GridAngles, OpSpec, Param, Rotary, Tensor, coord, cos, freq, k, n_freq, sign,
                       sin)
 
@@ -80,6 +81,7 @@ def rope3d_ref(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1
 
 
 _TABLES: dict = {}
+APPLY_ROTARY_EMB = next(iter(load_spec("rope_apply").peers.values()))  # diffusers' apply_rotary_emb
 
 
 def diffusers_apply_rotary_emb(x: torch.Tensor, *params) -> torch.Tensor:
@@ -89,10 +91,7 @@ def diffusers_apply_rotary_emb(x: torch.Tensor, *params) -> torch.Tensor:
     if key not in _TABLES:
         _TABLES.clear()
         _TABLES[key] = rope3d_ref(x, *params, tables=True)
-    cos, sin = _TABLES[key]
-    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
-    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
-    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+    return APPLY_ROTARY_EMB(x, *_TABLES[key])
 
 
 spec = OpSpec(

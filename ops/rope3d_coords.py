@@ -26,6 +26,7 @@ def rope3d_coords_ref(x: torch.Tensor, coords: torch.Tensor, theta: float = 1000
 
 
 _TABLES: dict = {}
+APPLY_ROTARY_EMB = next(iter(load_spec("rope_apply").peers.values()))  # diffusers' apply_rotary_emb
 
 
 def diffusers_apply_rotary_emb(x: torch.Tensor, coords: torch.Tensor, *params) -> torch.Tensor:
@@ -34,10 +35,7 @@ def diffusers_apply_rotary_emb(x: torch.Tensor, coords: torch.Tensor, *params) -
     if key not in _TABLES:
         _TABLES.clear()
         _TABLES[key] = rope3d_coords_ref(x, coords, *params, tables=True)
-    cos, sin = _TABLES[key]
-    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
-    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
-    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+    return APPLY_ROTARY_EMB(x, *_TABLES[key])
 
 
 spec = OpSpec(
