@@ -6,8 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-RAW=$(mktemp -d)
-mkdir -p "$OUT"
+RAW=${RAW:-$(mktemp -d)}  # RAW=$OUT/raw keeps partial logs if the run is cut short
+mkdir -p "$OUT" "$RAW"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
