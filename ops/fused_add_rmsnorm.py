@@ -33,6 +33,17 @@ def add_then_llama_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return (normed if weight is None else weight * normed), hidden
 
 
+def liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float):
+    """Liger-Kernel's Triton fused add + RMSNorm (what LigerFusedAddRMSNorm runs), "llama" casting."""
+    from liger_kernel.ops import LigerFusedAddRMSNormFunction  # lazily: liger-kernel is optional
+
+    # Returns (out, residual_out) like this spec: residual_out = x + residual in x's dtype, out its
+    # "llama"-cast RMSNorm (this spec's transformers convention). Both are new tensors: its in_place
+    # flag (off, the module's default) only concerns the backward. It needs a weight (its module
+    # always has one; the bench passes one).
+    return LigerFusedAddRMSNormFunction.apply(x, residual, weight, eps, 0.0, "llama", False)
+
+
 spec = OpSpec(
     name="fused_add_rmsnorm",
     summary="residual add then RMSNorm in one pass, returning both",
@@ -58,6 +69,7 @@ spec = OpSpec(
         ],
     ),
     reference=fused_add_rmsnorm_ref,
-    peers={"eager (add + transformers RMSNorm)": add_then_llama_rmsnorm},
+    peers={"eager (add + transformers RMSNorm)": add_then_llama_rmsnorm,
+           "Liger (LigerFusedAddRMSNormFunction)": liger_fused_add_rms_norm},
     inplace={"residual_out": "residual"},
 )

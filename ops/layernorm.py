@@ -31,6 +31,15 @@ def torch_layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.T
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def liger_layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                     eps: float) -> torch.Tensor:
+    """Liger-Kernel's Triton LayerNorm (what LigerLayerNorm runs): fp32 math, rounded once."""
+    from liger_kernel.ops import LigerLayerNormFunction  # lazily: liger-kernel is optional
+
+    # Liger needs both weight and bias (its module always has them; the bench passes both).
+    return LigerLayerNormFunction.apply(x, weight, bias, eps)
+
+
 spec = OpSpec(
     name="layernorm",
     summary="LayerNorm over the last dim, optional weight and bias, fp32 statistics",
@@ -53,7 +62,7 @@ spec = OpSpec(
         ],
     ),
     reference=layernorm_ref,
-    peers={"F.layer_norm": torch_layer_norm},
+    peers={"F.layer_norm": torch_layer_norm, "Liger (LigerLayerNormFunction)": liger_layer_norm},
     layers=[
         Layer(name="LayerNorm", replaces=["torch.nn.LayerNorm"], forward_args=["input"],
               bind={"x": "input", "weight": "self.weight", "bias": "self.bias", "eps": "self.eps"},

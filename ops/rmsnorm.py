@@ -39,6 +39,16 @@ def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def liger_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Liger-Kernel's Triton RMSNorm (what LigerRMSNorm runs), in its transformers-matching "llama" casting."""
+    from liger_kernel.ops import LigerRMSNormFunction  # lazily: liger-kernel is optional
+
+    # offset 0.0; "llama" casting: fp32 rstd, x · rstd rounded to x's dtype, then · weight (this spec's
+    # transformers convention). A None weight is elementwise_affine=False. Its in_place flag only lets
+    # the backward overwrite dY: the forward writes a new output.
+    return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama")
+
+
 spec = OpSpec(
     name="rmsnorm",
     summary="RMSNorm over the last dim, optional weight, fp32 statistics",
@@ -60,7 +70,8 @@ spec = OpSpec(
         ],
     ),
     reference=rmsnorm_ref,
-    peers={"eager (transformers)": llama_rmsnorm_eager, "F.rms_norm": torch_rms_norm},
+    peers={"eager (transformers)": llama_rmsnorm_eager, "F.rms_norm": torch_rms_norm,
+           "Liger (LigerRMSNormFunction)": liger_rms_norm},
     layers=[
         Layer(name="RMSNorm",
               replaces=["transformers.models.llama.modeling_llama.LlamaRMSNorm",

@@ -42,6 +42,19 @@ def transformers_apply_rotary_pos_emb(x: torch.Tensor, k: torch.Tensor, cos: tor
     return x * cos + rotate_half(x) * sin, k * cos + rotate_half(k) * sin
 
 
+def liger_rope(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Liger-Kernel's Triton rotate_half RoPE (what liger_rotary_pos_emb runs without grad), q and k in one launch."""
+    from liger_kernel.ops import LigerRopeFunction  # lazily: liger-kernel is optional
+
+    # In place: Liger rotates the [B, T, H, D] storage of q and k (in a transformers model they are
+    # transposed views of the projections' outputs). From the bench's contiguous [B, H, T, D] inputs
+    # it first copies them to that layout (its time here includes the copy; the inputs stay intact),
+    # except where that transpose is already contiguous (T == 1 decode, or one head): there it
+    # rotates the bench's x and k themselves, so repeated calls keep rotating them, as a user's call
+    # would its own q and k (a copy here would double its traffic). Math in cos/sin's dtype.
+    return LigerRopeFunction.apply(x, k, cos, sin)
+
+
 spec = OpSpec(
     name="rope",
     summary="rotary embedding of q and k in one launch, rotate_half pairs (transformers apply_rotary_pos_emb)",
@@ -63,6 +76,7 @@ spec = OpSpec(
                    matches="transformers apply_rotary_pos_emb: each product in the model dtype, then the sum"),
     ]),
     reference=rope_ref,
-    peers={"eager (transformers apply_rotary_pos_emb)": transformers_apply_rotary_pos_emb},
+    peers={"eager (transformers apply_rotary_pos_emb)": transformers_apply_rotary_pos_emb,
+           "Liger (LigerRopeFunction)": liger_rope},
     inplace={"out": "x", "k_out": "k"},
 )

@@ -31,6 +31,14 @@ def transformers_mlp_activation(x: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
+def liger_fused_gate_up_silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """Liger-Kernel's Triton SwiGLU on a fused [gate | up] tensor (gate first, as here)."""
+    from liger_kernel.ops import LigerFusedGateUpSiLUMulFunction  # lazily: liger-kernel is optional
+
+    # silu(gate) in fp32 rounded to the dtype, then · up; a new output (in_place only concerns the backward)
+    return LigerFusedGateUpSiLUMulFunction.apply(x)
+
+
 spec = OpSpec(
     name="silu_and_mul",
     summary="SwiGLU: silu(gate) · up from one packed [..., 2F] input",
@@ -46,5 +54,6 @@ spec = OpSpec(
                    matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product"),
     ]),
     reference=silu_and_mul_ref,
-    peers={"eager (transformers MLP activation)": transformers_mlp_activation},
+    peers={"eager (transformers MLP activation)": transformers_mlp_activation,
+           "Liger (LigerFusedGateUpSiLUMulFunction)": liger_fused_gate_up_silu_mul},
 )

@@ -29,6 +29,13 @@ def transformers_mlp_activation(x: torch.Tensor, up: torch.Tensor) -> torch.Tens
     return F.silu(x) * up
 
 
+def liger_silu_mul(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Liger-Kernel's Triton SwiGLU (what LigerSwiGLUMLP runs): silu(gate) in fp32, rounded, then · up."""
+    from liger_kernel.ops import LigerSiLUMulFunction  # lazily: liger-kernel is optional
+
+    return LigerSiLUMulFunction.apply(x, up)
+
+
 spec = OpSpec(
     name="silu_mul",
     summary="SwiGLU: silu(gate) · up from two tensors",
@@ -44,5 +51,6 @@ spec = OpSpec(
                    matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product"),
     ]),
     reference=silu_mul_ref,
-    peers={"eager (transformers MLP activation)": transformers_mlp_activation},
+    peers={"eager (transformers MLP activation)": transformers_mlp_activation,
+           "Liger (LigerSiLUMulFunction)": liger_silu_mul},
 )
