@@ -1,16 +1,19 @@
 """`kgen bench`: the generated kernel against the implementations users run today, on this GPU.
 
 Method (the standard of BENCHMARKS.md): CUDA events around each run, L2 flushed before each run
-(a 256 MB write), warm-up first, the median of `repeats` runs. Effective bandwidth = minimum
-bytes (each input read once, each output written once) / median time, next to device-to-device
-copies measured in the same process: a 4 GiB-traffic copy (the ceiling) and one of the shape's
-own traffic."""
+(a 256 MB write), warm-up first, the median of `repeats` runs; the whole comparison (every
+implementation in turn) is repeated `rounds` times and each figure is the median of its rounds.
+With `graphs`, each implementation is captured once in a CUDA graph and the replay is timed, which
+takes host overhead out of small shapes. Effective bandwidth = minimum bytes (each input read once,
+each output written once) / median time, next to what the same run measured: a 4 GiB-traffic copy
+(the ceiling), a copy of the shape's own traffic and an empty launch."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import platform
+import statistics
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from .catalog import KgenError, data_dir, load_spec
 
 LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
+MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,31 @@ class Case:
 
 def suite(op: str) -> list[Case]:
     """An entry is a shape, or {shape = [...], per_batch = true, params = {...}, k_heads = N}."""
+    return [Case(tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads"))
+            if isinstance(e, dict) else Case(tuple(e)) for e in _suite_table(op)["shapes"]]
+
+
+def _suite_table(op: str) -> dict:
     table = tomllib.loads((data_dir("bench") / "shapes.toml").read_text())
     if op not in table:
         raise KgenError(f"bench/shapes.toml has no shapes for {op!r}")
-    return [Case(tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads"))
-            if isinstance(e, dict) else Case(tuple(e)) for e in table[op]["shapes"]]
+    return table[op]
+
+
+def bars(row: dict, empty_us: float, compiled: str | None, vs_compile: float | None) -> dict[str, bool]:
+    """The speed-of-light bars (../shared/ANCHORS.md) that apply to one measured shape."""
+    kgen, out = row["times_us"]["kgen"], {}
+    if row["best_peer_over_kgen"] is not None:
+        out["<= best peer"] = row["best_peer_over_kgen"] >= 1
+    if row["min_bytes"] >= 256 * MB:
+        out[">= 90 % of 4 GiB copy"] = row["kgen_pct_large_copy"] >= 90
+    elif row["min_bytes"] >= 32 * MB:
+        out[">= 95 % of same-size copy"] = row["kgen_pct_same_copy"] >= 95
+    elif row["min_bytes"] < 4 * MB:
+        out["<= 1.1x empty launch"] = kgen <= 1.1 * empty_us
+    if vs_compile and compiled:
+        out[f"<= {vs_compile:g}x torch.compile"] = kgen <= vs_compile * row["times_us"][compiled]
+    return out
 
 
 def tensor_shape(spec, t, shape, per_batch: bool = False, k_heads: int | None = None) -> tuple[int, ...]:
@@ -85,14 +109,22 @@ def example_inputs(spec, shape, dtype, *, per_batch: bool = False, k_heads: int 
 
 
 class Timer:
-    def __init__(self, torch, repeats: int):
-        self.torch, self.repeats = torch, repeats
+    def __init__(self, torch, repeats: int, graphs: bool = False):
+        self.torch, self.repeats, self.graphs = torch, repeats, graphs
         self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.captured: dict = {}  # fn -> its graph's replay (captured once per fn)
 
     def median_us(self, fn) -> float:
         torch = self.torch
         for _ in range(5):
             fn()
+        if self.graphs:
+            if fn not in self.captured:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                self.captured[fn] = graph.replay
+            fn = self.captured[fn]
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
         for start, end in zip(starts, ends):
@@ -109,9 +141,17 @@ class Timer:
         dst = self.torch.empty_like(src)
         return self.median_us(lambda: dst.copy_(src))
 
+    def rounds_us(self, fns: dict, rounds: int) -> dict[str, list[float]]:
+        """Each implementation's median per round, implementations interleaved within a round."""
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(self.median_us(fn))
+        return times
+
 
 def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Console,
-              dtype: str = "bfloat16") -> dict:
+              dtype: str = "bfloat16", rounds: int = 3, graphs: bool = False) -> dict:
     import torch
 
     from .builder import build_project, device_arch, load
@@ -127,13 +167,17 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     build_project(project, target)
     kernel = getattr(load(project), op)
     torch_dtype = getattr(torch, dtype)
-    timer = Timer(torch, repeats)
+    timer = Timer(torch, repeats, graphs)
     peers = dict(spec.peers)
     compiled_name = f"torch.compile({next(iter(peers))})" if peers else None
-    large_copy = timer.copy_us(LARGE_COPY_BYTES)
+    large_copy = statistics.median(timer.copy_us(LARGE_COPY_BYTES) for _ in range(rounds))
     ceiling = LARGE_COPY_BYTES / large_copy / 1e3
+    tiny = torch.empty(1, device="cuda")
+    empty = statistics.median(timer.rounds_us({"empty": lambda: tiny.zero_()}, rounds)["empty"])
     console.print(f"{torch.cuda.get_device_name()}: {LARGE_COPY_BYTES >> 30} GiB-traffic copy "
-                  f"{large_copy:.0f} µs = {ceiling:.0f} GB/s")
+                  f"{large_copy:.0f} µs = {ceiling:.0f} GB/s; empty launch {empty:.1f} µs"
+                  + ("; CUDA-graph replays" if graphs else ""))
+    vs_compile = _suite_table(op).get("max_time_vs_compile")
     rows_out = []
     for case in suite(op):
         params = [(int if p.integer else float)(dict(case.params).get(p.name, p.default)) for p in spec.params]
@@ -144,44 +188,83 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
                         for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])])
         del outputs
         same_copy = timer.copy_us(min_bytes)
-        times = {"kgen": timer.median_us(lambda: kernel(*inputs, *params))}
-        for name, fn in peers.items():
-            times[name] = timer.median_us(lambda fn=fn: fn(*inputs, *params))
+        fns = {"kgen": lambda: kernel(*inputs, *params)}
+        for name, fn in list(peers.items()):
+            try:
+                fn(*inputs, *params)
+            except ModuleNotFoundError as err:  # an optional peer library (Liger) that is not installed
+                console.print(f"skipping peer {name!r}: {err}")
+                peers.pop(name)
+                continue
+            fns[name] = lambda fn=fn: fn(*inputs, *params)
         if compiled_name:
             # A fresh compile per shape (dynamic=False: a kernel specialised to it, torch.compile's best
             # case) whose guards see one entry: reusing one compiled function across the suite piled up
             # recompiled entries and its host overhead showed in the timings.
             torch._dynamo.reset()
             compiled = torch.compile(next(iter(spec.peers.values())), dynamic=False)
-            times[compiled_name] = timer.median_us(lambda: compiled(*inputs, *params))
-        best_peer = min(t for name, t in times.items() if name != "kgen") if peers else None
-        rows_out.append({
-            "shape": list(case.shape), "label": case.label, "min_bytes": min_bytes, "copy_same_us": same_copy, "times_us": times,
+            fns[compiled_name] = lambda: compiled(*inputs, *params)
+        per_round = timer.rounds_us(fns, rounds)
+        timer.captured.clear()
+        times = {name: statistics.median(t) for name, t in per_round.items()}
+        best_peer = min(t for name, t in times.items() if name != "kgen") if len(times) > 1 else None
+        row = {
+            "shape": list(case.shape), "label": case.label, "min_bytes": min_bytes, "copy_same_us": same_copy,
+            "times_us": times, "rounds_us": per_round,
             "kgen_gbs": min_bytes / times["kgen"] / 1e3,
             "kgen_pct_large_copy": 100 * min_bytes / times["kgen"] / 1e3 / ceiling,
             "kgen_pct_same_copy": 100 * same_copy / times["kgen"],
             "best_peer_over_kgen": best_peer / times["kgen"] if best_peer else None,
-        })
+        }
+        row["bars"] = bars(row, empty, compiled_name, vs_compile)
+        rows_out.append(row)
     result = {
         "op": op, "dtype": dtype, "device": torch.cuda.get_device_name(), "arch": arch,
         "torch": torch.__version__, "date": datetime.date.today().isoformat(), "host": platform.node(),
-        "repeats": repeats, "large_copy_us": large_copy, "large_copy_gbs": ceiling, "rows": rows_out,
+        "repeats": repeats, "rounds": rounds, "mode": "graphs" if graphs else "events",
+        "large_copy_us": large_copy, "large_copy_gbs": ceiling, "empty_launch_us": empty, "rows": rows_out,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{op}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{op}.md").write_text(markdown(result))
-    plot(result, out / f"{op}.png")
-    table = Table(title=f"{op} {dtype} on {result['device']} (median µs)")
+    stem = op + ("-graphs" if graphs else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(result))
+    plot(result, out / f"{stem}.png")
+    table = Table(title=f"{op} {dtype} on {result['device']} (median µs, {result['mode']})")
     names = list(rows_out[0]["times_us"])
-    for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen"]:
+    for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen", "bars missed"]:
         table.add_column(col, justify="right")
     for r in rows_out:
-        table.add_row(r.get("label") or "×".join(map(str, r["shape"])), f"{r['min_bytes'] / 1e6:.1f}",
-                      *[f"{r['times_us'][n]:.1f}" for n in names], f"{r['kgen_gbs']:.0f}",
-                      f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
-                      f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-")
+        table.add_row(r["label"], f"{r['min_bytes'] / MB:.1f}", *[f"{r['times_us'][n]:.1f}" for n in names],
+                      f"{r['kgen_gbs']:.0f}", f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
+                      f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-", _missed(r))
     console.print(table)
     return result
+
+
+def _missed(row: dict) -> str:
+    return "; ".join(name for name, ok in row.get("bars", {}).items() if not ok) or "none"
+
+
+def summary(results: list[dict]) -> str:
+    """One line per op and shape over every op benchmarked: what `kgen bench --all` writes."""
+    lines = ["| op | shape | MB moved | kgen µs | best peer µs | best peer / kgen | % of 4 GiB copy "
+             "| % of same-size copy | bars missed |", "|---" * 9 + "|"]
+    met = total = 0
+    for result in results:
+        for r in result["rows"]:
+            peers = {n: t for n, t in r["times_us"].items() if n != "kgen"}
+            best = min(peers, key=peers.get) if peers else None
+            met += all(r["bars"].values())
+            total += 1
+            lines.append(f"| {result['op']} | {r['label']} | {r['min_bytes'] / MB:.1f} | {r['times_us']['kgen']:.1f} | "
+                         + (f"{peers[best]:.1f} ({best})" if best else "-")
+                         + f" | {r['best_peer_over_kgen'] or 0:.2f} | {r['kgen_pct_large_copy']:.0f} | "
+                         f"{r['kgen_pct_same_copy']:.0f} | {_missed(r)} |")
+    first = results[0]
+    head = (f"{first['dtype']}, {first['device']} ({first['arch']}), torch {first['torch']}, {first['date']}, "
+            f"{first['mode']}; median of {first['rounds']} rounds of {first['repeats']} runs. "
+            f"Every bar met at {met} of {total} shapes.")
+    return head + "\n\n" + "\n".join(lines) + "\n"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -216,15 +299,17 @@ def plot(result: dict, path: Path) -> None:
 def markdown(result: dict) -> str:
     names = list(result["rows"][0]["times_us"])
     lines = [f"{result['op']}, {result['dtype']}, {result['device']} ({result['arch']}), torch {result['torch']}, "
-             f"{result['date']}; median of {result['repeats']} runs, L2 flushed; "
-             f"4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = {result['large_copy_gbs']:.0f} GB/s.",
+             f"{result['date']}; {result.get('mode', 'events')}, median of {result.get('rounds', 1)} rounds of "
+             f"{result['repeats']} runs, L2 flushed; 4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = "
+             f"{result['large_copy_gbs']:.0f} GB/s; empty launch {result.get('empty_launch_us', 0):.1f} µs.",
              "",
              "| shape | MB moved | " + " | ".join(f"{n} µs" for n in names)
-             + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen |",
-             "|---" * (len(names) + 6) + "|"]
+             + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen | bars missed |",
+             "|---" * (len(names) + 7) + "|"]
     for r in result["rows"]:
         ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
-        lines.append(f"| {r.get('label') or '×'.join(map(str, r['shape']))} | {r['min_bytes'] / 1e6:.1f} | "
+        lines.append(f"| {r['label']} | {r['min_bytes'] / MB:.1f} | "
                      + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
-                     + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} |")
+                     + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} "
+                     f"| {_missed(r)} |")
     return "\n".join(lines) + "\n"

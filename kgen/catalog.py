@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .dsl import OpSpec
-from .profile import ArchProfile
+from .profile import ArchProfile, TuningTable
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -108,3 +108,15 @@ def load_profile(name: str) -> ArchProfile:
         raise KgenError(f"arch profile {name!r} ({path}) is not valid TOML: {err}") from None
     except ValidationError as err:
         raise KgenError(f"arch profile {name!r} ({path}) is invalid:\n{_format(err)}") from None
+
+
+@cache
+def load_tuning(arch: str) -> TuningTable | None:
+    """The committed `kgen tune` table of an arch (arch/tuning/<arch>.toml), if there is one."""
+    path = data_dir("arch") / "tuning" / f"{arch}.toml"
+    if not path.is_file():
+        return None
+    try:
+        return TuningTable.model_validate(tomllib.loads(path.read_text()))
+    except (tomllib.TOMLDecodeError, ValidationError) as err:
+        raise KgenError(f"tuning table {path} is invalid: {err}") from None

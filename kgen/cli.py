@@ -1,4 +1,4 @@
-"""The kgen command line: list, build, explain, bench."""
+"""The kgen command line: list, build, explain, bench, tune, plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .catalog import KgenError, arch_names, load_profile, load_spec, op_names
+from .catalog import KgenError, arch_names, load_profile, load_spec, load_tuning, op_names
 
 app = typer.Typer(help="Generate fused CUDA kernels and their PyTorch bindings from op specs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -136,9 +136,13 @@ def explain(
     dtype = _dtype(dtype)
     spec, profile = load_spec(op), load_profile(arch)
     rows, hidden = _shape(shape)
-    plan = plan_launch(spec, profile, dtype, rows, hidden)
+    tuning = load_tuning(profile.name)
+    plan = plan_launch(spec, profile, dtype, rows, hidden, tuning)
+    tuned = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     console.print(f"[bold]{op}[/] on {profile.name} ({', '.join(d.name for d in profile.devices)}), "
-                  f"{dtype}, {rows} rows × hidden {hidden}")
+                  f"{dtype}, {rows} rows × hidden {hidden}; "
+                  + (f"{len(tuned)} choice(s) from arch/tuning/{profile.name}.toml, the rest from rules" if tuned
+                     else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"))
     table = Table(show_lines=False)
     for col in ("choice", "value", "why"):
         table.add_column(col)
@@ -154,16 +158,53 @@ def explain(
 @app.command()
 @_user_errors
 def bench(
-    op: Annotated[str, typer.Argument(help="op name")] = "rmsnorm",
+    op: Annotated[Optional[str], typer.Argument(help="op name")] = None,
+    all_ops: Annotated[bool, typer.Option("--all", help="every op, then SUMMARY.md over all of them")] = False,
     out: Annotated[Path, typer.Option("--out", help="where the JSON results go")] = Path("bench/results"),
-    repeats: Annotated[int, typer.Option(help="timed runs per implementation and shape")] = 100,
+    repeats: Annotated[int, typer.Option(help="timed runs per implementation, shape and round")] = 100,
+    rounds: Annotated[int, typer.Option(help="repeats of the whole comparison; each figure is their median")] = 3,
+    graphs: Annotated[bool, typer.Option("--graphs", help="time CUDA-graph replays (no host overhead)")] = False,
     build_dir: Annotated[Path, typer.Option("--build-dir", help="project root to build into")] = Path("build/bench"),
     dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
 ) -> None:
-    """Time the kgen kernel against the op's peers (eager, PyTorch's fused op) and torch.compile on this GPU."""
-    from .bench import run_bench
+    """Time the kgen kernel against the op's peers (eager, PyTorch's fused op, Liger) and torch.compile on this GPU."""
+    from .bench import run_bench, summary
 
-    run_bench(op, out=out, repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype))
+    if (op is None) == (not all_ops):
+        raise KgenError("name one op or pass --all")
+    ops = op_names() if all_ops else [op]
+    results = []
+    for i, name in enumerate(ops, 1):
+        if all_ops:
+            console.rule(f"{name} ({i}/{len(ops)})")
+        results.append(run_bench(name, out=out, repeats=repeats, build_root=build_dir, console=console,
+                                 dtype=_dtype(dtype), rounds=rounds, graphs=graphs))
+    if all_ops:
+        path = out / ("SUMMARY-graphs.md" if graphs else "SUMMARY.md")
+        path.write_text(summary(results))
+        console.print(f"wrote {path}")
+
+
+@app.command()
+@_user_errors
+def tune(
+    op: Annotated[str, typer.Argument(help="op name")],
+    arch: Annotated[str, typer.Option("--arch", help="arch profile of this GPU")] = "sm_90",
+    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+    build_dir: Annotated[Path, typer.Option("--build-dir", help="where the candidate builds go")] = Path("build/tune"),
+    write: Annotated[bool, typer.Option(help="merge the winners into arch/tuning/<arch>.toml")] = True,
+) -> None:
+    """Measure the planner's candidate plans on this GPU and record the winners for `kgen build`."""
+    from .tune import merge_and_write, tune as run_tune
+
+    found = run_tune(op, load_profile(arch).name, _dtype(dtype), build_root=build_dir, console=console)
+    for c in found.choices:
+        console.print(f"rows up to {c.max_row_bytes or 'any'} B: {c.threads} threads instead of {c.rule_threads} "
+                      f"({c.tuned_us:.1f} µs against {c.rule_us:.1f} µs)")
+    if not found.choices:
+        console.print("the rules won everywhere: nothing to record")
+    if write:
+        console.print(f"wrote {merge_and_write(found, op, _dtype(dtype))}")
 
 
 @app.command()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .catalog import KgenError
 from .dsl import OpSpec
-from .profile import ArchProfile
+from .profile import ArchProfile, TuningTable
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 VECTOR_BYTES = 16  # the widest global access a thread can issue (LDG.E.128 / STG.E.128)
@@ -62,15 +62,19 @@ def check_dtype(profile: ArchProfile, dtype: str) -> None:
                         f"(profile: bf16 = {str(profile.bf16).lower()}); supported dtypes: {', '.join(profile.dtypes)}")
 
 
-def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
+def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None = None) -> KernelPlan:
+    """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better
+    threads for a vector configuration."""
     check_dtype(profile, dtype)
+    tuned = (lambda max_row_bytes: tuning.lookup(spec.name, dtype, max_row_bytes)) if tuning else lambda _: None
     if spec.structure.kind != "row_reduce":
-        return _plan_elementwise(spec, profile, dtype)
+        return _plan_elementwise(spec, profile, dtype, tuned(None), tuning)
     elem = DTYPE_BYTES[dtype]
     facts = profile.planner
     buckets = []
     for elems_per_access in (VECTOR_BYTES // elem, 1):
-        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_values), len(spec.column_inputs))
+        buckets += _buckets(profile, elem, elems_per_access, len(spec.row_values), len(spec.column_inputs),
+                            tuned if elems_per_access > 1 else lambda _: None, tuning)
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when "
                        f"{', '.join(t.name for t in spec.tensors)} are {VECTOR_BYTES}-byte aligned and hidden and "
@@ -85,12 +89,12 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
     return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes)
 
 
-def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelPlan:
+def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned, tuning) -> KernelPlan:
     """One thread per access of each output: no reduction, nothing kept, so the only choices are
     the access width and the block size. Rotary ops are planned the same way; a thread rotates its
     channels of one token across the heads, fetching cos and sin once."""
     elem = DTYPE_BYTES[dtype]
-    threads = profile.planner.block_threads
+    threads = tuned.threads if tuned else profile.planner.block_threads
     kind = spec.structure.kind
     reasons = {"threads_per_row": f"{threads} threads per block, each one access of every tensor at one "
                                   "position (profile planner.block_threads); rows are flattened",
@@ -100,6 +104,8 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str) -> KernelP
         reasons["threads_per_row"] = (f"{threads} threads per block, each one access of a token's channels in "
                                       "every head (cos and sin fetched once per token), unless that leaves fewer "
                                       "threads than one full wave: then heads are split in chunks")
+    if tuned:
+        reasons["threads_per_row"] = tuning.why(tuned) + " (threads per block)"
     scalar = 2 if kind == "rotary" and spec.structure.pairing == "interleaved" else 1
     buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
     what = "each half of a packed one" if kind == "elementwise" else "rotate_half pairs need a multiple of twice that"
@@ -123,15 +129,17 @@ _SCRATCH_BYTES = 4 * 1024  # reserved for the per-warp partial sums of the reduc
 
 
 def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_values: int,
-             column_inputs: int) -> list[Bucket]:
+             column_inputs: int, tuned=lambda _: None, tuning: TuningTable | None = None) -> list[Bucket]:
     facts = profile.planner
     access_bytes = elem * elems_per_access
     out = []
     for step in facts.threads_per_row:
-        threads = step.threads
+        choice = tuned(step.max_row_bytes)
+        threads = choice.threads if choice else step.threads
         rows_per_block = max(1, facts.block_threads // threads)
         reasons = {
-            "threads_per_row": f"{threads}: rows up to {step.max_row_bytes} B (profile planner.threads_per_row)",
+            "threads_per_row": tuning.why(choice) if choice else
+            f"{threads}: rows up to {step.max_row_bytes} B (profile planner.threads_per_row)",
             "rows_per_block": (f"{rows_per_block}: {facts.block_threads} threads per block / {threads} per row"
                                if rows_per_block > 1 else "1: a row needs the whole block"),
         }
@@ -140,6 +148,10 @@ def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_values:
             accesses = -(-step.max_row_bytes // (access_bytes * threads))
             budget = facts.row_register_bytes_per_thread
             if row_values * accesses * access_bytes > budget:
+                if choice:
+                    raise KgenError(f"arch/tuning/{profile.name}.toml: {threads} threads per row for rows up to "
+                                    f"{step.max_row_bytes} B would hold {row_values * accesses * access_bytes} B "
+                                    f"per thread, over the {budget} B register budget; re-run `kgen tune`")
                 continue  # several row values would not fit: longer steps or shared memory take these rows
             reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the {budget} B "
                                   "budget (profile planner.row_register_bytes_per_thread): one read, one write")
@@ -231,9 +243,10 @@ def min_bytes(spec: OpSpec, rows: int, hidden: int, elem: int) -> int:
     return (rows * per_row + len(spec.column_inputs)) * hidden * elem
 
 
-def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int) -> LaunchPlan:
+def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int,
+                tuning: TuningTable | None = None) -> LaunchPlan:
     """The configuration the generated launcher picks for a contiguous, aligned tensor."""
-    kernel = plan_kernel(spec, profile, dtype)
+    kernel = plan_kernel(spec, profile, dtype, tuning)
     if rows < 1 or hidden < 1:
         raise KgenError(f"shape must have rows >= 1 and hidden >= 1, got rows={rows}, hidden={hidden}")
     elem = kernel.elem_bytes

@@ -70,3 +70,37 @@ class ArchProfile(BaseModel):
     def capability_number(self) -> int:
         """9.0 -> 90, as in -gencode arch=compute_90."""
         return int(self.compute_capability.replace(".", ""))
+
+
+class TunedChoice(BaseModel):
+    """One measured winner of `kgen tune`: threads per row (row ops; per block for the others) for
+    the op's rows up to ``max_row_bytes`` (None: the op's only configuration)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    op: str
+    dtype: str
+    max_row_bytes: int | None = None
+    threads: int = Field(gt=0)
+    rule_threads: int = Field(gt=0)
+    shapes: list[str]
+    rule_us: float = Field(gt=0)  # summed over the shapes
+    tuned_us: float = Field(gt=0)
+
+
+class TuningTable(BaseModel):
+    """arch/tuning/<arch>.toml: what `kgen tune` measured, read by the planner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    arch: str
+    device: str
+    date: str
+    torch: str
+    choices: list[TunedChoice] = []
+
+    def lookup(self, op: str, dtype: str, max_row_bytes: int | None) -> TunedChoice | None:
+        return next((c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None)
+
+    def why(self, c: TunedChoice) -> str:
+        return (f"{c.threads}: tuned on the {self.device} {self.date} (arch/tuning/{self.arch}.toml): "
+                f"{c.tuned_us:.1f} µs against {c.rule_us:.1f} µs for the rule's {c.rule_threads} "
+                f"at {', '.join(c.shapes)}")

@@ -12,16 +12,17 @@ import os
 import shutil
 import tempfile
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
 from . import __version__
-from .catalog import KgenError, data_dir, load_profile, load_spec, spec_hash
+from .catalog import KgenError, data_dir, load_profile, load_spec, load_tuning, spec_hash
 from .codegen import statements
 from .dsl import reference_helpers
 from .planner import KernelPlan, check_dtype, plan_kernel
+from .profile import TuningTable
 
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 ATEN = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16"}
@@ -43,6 +44,7 @@ class Target:
     op: str
     arch: str
     dtypes: tuple[str, ...]
+    tuning: TuningTable | None = field(default=None, compare=False)  # the arch's `kgen tune` table
 
     @property
     def kernel_name(self) -> str:
@@ -57,7 +59,7 @@ def resolve_target(op: str, arch: str, dtypes: list[str] | None = None) -> Targe
     spec, profile = load_spec(op), load_profile(arch)
     for dtype in dtypes or []:
         check_dtype(profile, dtype)
-    return Target(spec.name, profile.name, tuple(dtypes or profile.dtypes))
+    return Target(spec.name, profile.name, tuple(dtypes or profile.dtypes), load_tuning(profile.name))
 
 
 def _environment() -> jinja2.Environment:
@@ -183,7 +185,7 @@ EXAMPLE_SHAPES = {  # a Python expression of `shape` (the outputs' shape) per te
 
 def _context(target: Target) -> dict:
     spec, profile = load_spec(target.op), load_profile(target.arch)
-    plans = [plan_kernel(spec, profile, dtype) for dtype in target.dtypes]
+    plans = [plan_kernel(spec, profile, dtype, target.tuning) for dtype in target.dtypes]
     op = spec.name
     names = {p.name: f"params.{p.name}" for p in spec.params}
     names |= {"hidden": "params.hidden", "inv_hidden": "params.inv_hidden"}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU half of verification, on a CUDA machine: the `gpu` test suite, then `kgen bench` for
-# BENCH_OPS (default: every op). Everything lands in $OUT (default ./gpu-out): results.tgz holds
+# The GPU half of verification, on a CUDA machine: the `gpu` test suite, `kgen tune` for TUNE_OPS
+# (default: none; the table lands in arch/tuning/ and in $OUT), then `kgen bench $BENCH_ARGS` for
+# BENCH_OPS (default: every op, with SUMMARY.md). Everything lands in $OUT (default ./gpu-out): results.tgz holds
 # the logs, the JUnit report and each op's bench JSON and Markdown table. Wheels for packages the
 # machine lacks may be put in .whl/ (installed to /tmp/site, first on PYTHONPATH).
 set -uo pipefail
@@ -26,9 +27,16 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     2>&1 | tee "$RAW/gpu-tests.log" | grep -v "^DEBUG"
   status=${PIPESTATUS[0]}
 fi
+for op in ${TUNE_OPS:-}; do
+  python3 -m kgen tune "$op" --arch "$ARCH" --build-dir /tmp/kgen-tune 2>&1 | tee "$RAW/tune-$op.log"
+  cp -r arch/tuning "$RAW/"
+done
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  for op in ${BENCH_OPS:-$(python3 -c 'from kgen.catalog import op_names; print(*op_names())')}; do
-    python3 -m kgen bench "$op" --out "$RAW" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$RAW/bench-$op.log"
+  if [ -z "${BENCH_OPS:-}" ]; then
+    python3 -m kgen bench --all ${BENCH_ARGS:-} --out "$RAW" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$RAW/bench.log"
+  fi
+  for op in ${BENCH_OPS:-}; do
+    python3 -m kgen bench "$op" ${BENCH_ARGS:-} --out "$RAW" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$RAW/bench-$op.log"
   done
 fi
 tar czf "$OUT/results.tgz" -C "$RAW" .

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
-LINE_BUDGET = 2000  # kgen/ stays small: ops, templates and profiles carry the rest
+LINE_BUDGET = 2350  # kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner)
 
 # module -> the kgen modules it may import
 ALLOWED = {
@@ -17,7 +17,8 @@ ALLOWED = {
     "render": {"__init__", "catalog", "codegen", "dsl", "planner", "profile"},
     "builder": {"catalog", "profile", "render"},
     "bench": {"catalog", "builder", "render"},
-    "cli": {"catalog", "render", "planner", "builder", "bench"},
+    "tune": {"bench", "catalog", "builder", "planner", "profile", "render"},
+    "cli": {"catalog", "render", "planner", "builder", "bench", "tune"},
     "__main__": {"cli"}, "__init__": set(),
 }
 

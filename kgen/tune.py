@@ -1,0 +1,140 @@
+"""`kgen tune`: the planner's candidate plans measured on this GPU, winners written to the arch's
+tuning table (arch/tuning/<arch>.toml) that `kgen build` and `kgen explain` read.
+
+Candidates: the rule's threads per row (per block for elementwise and rotary ops) and half and
+twice that, in every vector configuration the profile allows (register budget, at least one
+access per thread, the ladder's widest step). Each candidate is one build; every build's output
+is checked against the op's float64 reference before it is timed. The suite's shapes (bench/
+shapes.toml) are grouped by the configuration the rule launches them with, and a configuration
+takes a candidate only if it beats the rule on its shapes' summed medians by more than MARGIN."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+import tomllib
+from pathlib import Path
+
+from rich.console import Console
+
+from .bench import Timer, example_inputs, suite
+from .catalog import KgenError, data_dir, load_profile, load_spec, load_tuning
+from .planner import DTYPE_BYTES, plan_kernel, plan_launch
+from .profile import TunedChoice, TuningTable
+
+FACTORS = (0.5, 2)
+MARGIN = 0.02  # a candidate must be this much faster than the rule: run-to-run noise is ~1 %
+
+
+def candidates(op: str, arch: str, dtype: str) -> dict[str, list[TunedChoice]]:
+    """name -> the choices of one candidate build (the rule's: none)."""
+    spec, profile = load_spec(op), load_profile(arch)
+    facts, elem = profile.planner, DTYPE_BYTES[dtype]
+    rule = plan_kernel(spec, profile, dtype)
+    out: dict[str, list[TunedChoice]] = {"rule": []}
+    for factor in FACTORS:
+        choices = []
+        for b in rule.buckets if rule.kind == "row_reduce" else rule.buckets[:1]:  # others: one threads knob
+            if not b.vectorized or (rule.kind == "row_reduce" and b.storage != "registers"):
+                continue
+            threads = int(b.threads_per_row * factor)
+            if rule.kind == "row_reduce":
+                access = elem * b.elems_per_access
+                accesses = -(-b.max_row_bytes // (access * threads))
+                if (threads > facts.threads_per_row[-1].threads or threads * access > b.max_row_bytes
+                        or len(spec.row_values) * accesses * access > facts.row_register_bytes_per_thread):
+                    continue
+            elif not 64 <= threads <= profile.max_threads_per_block:
+                continue
+            choices.append(TunedChoice(op=op, dtype=dtype, max_row_bytes=b.max_row_bytes, threads=threads,
+                                       rule_threads=b.threads_per_row, shapes=["-"], rule_us=1, tuned_us=1))
+        if choices:
+            out[f"x{factor:g}"] = choices
+    return out
+
+
+def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, repeats: int = 100,
+         rounds: int = 3) -> TuningTable:
+    import torch
+
+    from .builder import build_project, device_arch
+    from .render import SMOKE_TOLERANCE, Target, write_project
+
+    if not torch.cuda.is_available() or device_arch() != arch:
+        raise KgenError(f"kgen tune {op} --arch {arch} needs a GPU that runs {arch} kernels as its newest arch")
+    spec, profile = load_spec(op), load_profile(arch)
+    table = TuningTable(arch=arch, device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                        torch=torch.__version__)
+    kernels = {}
+    for name, choices in candidates(op, arch, dtype).items():
+        target = Target(op, arch, (dtype,), table.model_copy(update={"choices": choices}))
+        project = write_project(target, build_root / name)
+        console.print(f"building candidate {name}: " + (", ".join(
+            f"{c.threads} threads (rule {c.rule_threads}) up to {c.max_row_bytes or 'any'} B" for c in choices) or "the rules"))
+        out = build_project(project, target)
+        (lib,) = out.glob("*.abi3.so")
+        torch.ops.load_library(str(lib))
+        kernels[name] = getattr(getattr(torch.ops, lib.name.split(".")[0]), op)
+    timer, torch_dtype = Timer(torch, repeats), getattr(torch, dtype)
+    by_bucket: dict[int | None, dict] = {}
+    for case in suite(op):
+        params = [(int if p.integer else float)(dict(case.params).get(p.name, p.default)) for p in spec.params]
+        inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
+        want = spec.reference(*inputs, *params)
+        want = want if isinstance(want, tuple) else (want,)
+        tol = SMOKE_TOLERANCE[dtype]
+        for name, kernel in kernels.items():
+            got = kernel(*inputs, *params)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want):
+                if not torch.allclose(g.double(), w, rtol=tol, atol=tol):
+                    raise KgenError(f"candidate {name} of {op} disagrees with the reference at {case.label}: "
+                                    f"max |diff| {(g.double() - w).abs().max().item():.3g}")
+        times = timer.rounds_us({n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds)
+        bucket = None
+        if spec.structure.kind == "row_reduce":
+            launch = plan_launch(spec, profile, dtype, math.prod(case.shape[:-1]), case.shape[-1])
+            if not launch.bucket.vectorized:
+                continue  # scalar configurations are not tuned
+            bucket = launch.bucket.max_row_bytes
+        entry = by_bucket.setdefault(bucket, {"shapes": [], "us": dict.fromkeys(kernels, 0.0)})
+        entry["shapes"].append(case.label)
+        for n, t in times.items():
+            entry["us"][n] += statistics.median(t)
+        console.print(f"{case.label}: " + ", ".join(f"{n} {statistics.median(t):.1f} µs" for n, t in times.items()))
+    winners = []
+    for bucket, entry in by_bucket.items():
+        for name, choices in candidates(op, arch, dtype).items():
+            choice = next((c for c in choices if c.max_row_bytes == bucket), None)
+            better = choice and entry["us"][name] < (1 - MARGIN) * entry["us"]["rule"]
+            if better and entry["us"][name] < min([entry["us"]["rule"]] + [w.tuned_us for w in winners
+                                                                            if w.max_row_bytes == bucket]):
+                winners = [w for w in winners if w.max_row_bytes != bucket]
+                winners.append(choice.model_copy(update={"shapes": entry["shapes"], "rule_us": entry["us"]["rule"],
+                                                         "tuned_us": entry["us"][name]}))
+    return table.model_copy(update={"choices": winners})
+
+
+def merge_and_write(found: TuningTable, op: str, dtype: str) -> Path:
+    """Replaces the op's (and dtype's) entries of the committed table by ``found``'s."""
+    path = data_dir("arch") / "tuning" / f"{found.arch}.toml"
+    old = load_tuning(found.arch)
+    kept = [c for c in (old.choices if old else []) if (c.op, c.dtype) != (op, dtype)]
+    table = found.model_copy(update={"choices": sorted(kept + found.choices, key=lambda c: (
+        c.op, c.dtype, c.max_row_bytes or 0))})
+    lines = ["# Written by `kgen tune` (kgen/tune.py): threads per row (per block for elementwise and rotary",
+             "# ops) that beat the planner's rule on this arch, measured on the GPU named; rule_us and",
+             "# tuned_us are medians summed over the shapes. Re-run `kgen tune OP --arch ARCH` to refresh.",
+             f'arch = "{table.arch}"', f'device = "{table.device}"', f'date = "{table.date}"', f'torch = "{table.torch}"']
+    for c in table.choices:
+        lines += ["", "[[choices]]", f'op = "{c.op}"', f'dtype = "{c.dtype}"']
+        lines += [f"max_row_bytes = {c.max_row_bytes}"] if c.max_row_bytes is not None else []
+        lines += [f"threads = {c.threads}", f"rule_threads = {c.rule_threads}",
+                  "shapes = [" + ", ".join(f'"{s}"' for s in c.shapes) + "]",
+                  f"rule_us = {c.rule_us:.2f}", f"tuned_us = {c.tuned_us:.2f}"]
+    text = "\n".join(lines) + "\n"
+    TuningTable.model_validate(tomllib.loads(text))  # what the planner will read back
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    load_tuning.cache_clear()
+    return path

@@ -1,0 +1,140 @@
+"""Without a GPU: `kgen tune`'s candidates respect the profile, a tuning table changes the plan,
+the generated code and `kgen explain`, a bad table is refused, and the benchmark's bars and
+summary read measured rows the way ../shared/ANCHORS.md states them."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import kgen.catalog
+import kgen.cli
+import kgen.tune
+from kgen.bench import bars, summary
+from kgen.catalog import KgenError, load_profile, load_spec, load_tuning
+from kgen.cli import app
+from kgen.planner import DTYPE_BYTES, plan_kernel, plan_launch
+from kgen.profile import TunedChoice, TuningTable
+from kgen.render import Target, render_project
+from kgen.tune import candidates, merge_and_write
+
+OPS = ["rmsnorm", "fused_add_rmsnorm", "residual_adaln_rmsnorm", "layernorm", "geglu", "rope", "rope3d"]
+
+
+def table(*choices: TunedChoice) -> TuningTable:
+    return TuningTable(arch="sm_90", device="NVIDIA H200", date="2026-11-30", torch="2.11.0", choices=list(choices))
+
+
+def choice(op="rmsnorm", max_row_bytes=8192, threads=256, rule=128, dtype="bfloat16") -> TunedChoice:
+    return TunedChoice(op=op, dtype=dtype, max_row_bytes=max_row_bytes, threads=threads, rule_threads=rule,
+                       shapes=["1×8192×4096"], rule_us=40.0, tuned_us=36.5)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_candidates_stay_within_the_profile(op, dtype):
+    spec, profile = load_spec(op), load_profile("sm_90")
+    found = candidates(op, "sm_90", dtype)
+    assert found["rule"] == [] and len(found) > 1
+    for name, choices in found.items():
+        plan = plan_kernel(spec, profile, dtype, table(*choices))  # a bad candidate would raise here
+        tuned = {c.max_row_bytes: c.threads for c in choices}
+        for b in plan.buckets:
+            assert b.block_threads <= profile.max_threads_per_block
+            if b.vectorized and b.max_row_bytes in tuned and (plan.kind == "row_reduce" or b is plan.buckets[0]):
+                assert b.threads_per_row == tuned[b.max_row_bytes], name
+            if b.storage == "registers":
+                access = b.elems_per_access * DTYPE_BYTES[dtype]
+                assert b.max_accesses_per_thread * access * len(spec.row_values) <= \
+                    profile.planner.row_register_bytes_per_thread
+                assert b.threads_per_row * access <= b.max_row_bytes  # every thread holds part of the row
+
+
+def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
+    spec, profile = load_spec("rmsnorm"), load_profile("sm_90")
+    rule = plan_launch(spec, profile, "bfloat16", 8192, 4096)
+    tuned = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice()))
+    assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (128, 256)
+    assert tuned.grid == 8192 and rule.grid == 4096  # 256 threads per block: one row each instead of two
+    why = dict((c, w) for c, _, w in tuned.choices(profile))["threads per row"]
+    assert "tuned on the NVIDIA H200" in why and "36.5 µs against 40.0 µs" in why
+    assert "profile planner.threads_per_row" in dict((c, w) for c, _, w in rule.choices(profile))["threads per row"]
+    other = plan_launch(spec, profile, "float16", 8192, 4096, table(choice()))  # another dtype keeps the rule
+    assert other.bucket.threads_per_row == 128
+
+    plain = render_project(Target("rmsnorm", "sm_90", ("bfloat16",)))
+    with_table = render_project(Target("rmsnorm", "sm_90", ("bfloat16",), table(choice())))
+    assert plain["rmsnorm_cuda/rmsnorm.cu"] != with_table["rmsnorm_cuda/rmsnorm.cu"]
+    assert "tuned on the NVIDIA H200" in with_table["rmsnorm_cuda/rmsnorm.cu"]
+
+    monkeypatch.setattr(kgen.cli, "load_tuning", lambda arch: table(choice()))
+    out = CliRunner().invoke(app, ["explain", "rmsnorm", "--shape", "8192x4096"])
+    text = " ".join(out.output.replace("│", " ").split())
+    assert out.exit_code == 0 and "1 choice(s) from arch/tuning/sm_90.toml" in text
+    assert "tuned on the" in text
+
+
+def test_elementwise_and_rotary_tune_their_block():
+    for op in ("silu_and_mul", "rope3d"):
+        plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16",
+                           table(choice(op=op, max_row_bytes=None, threads=512, rule=256)))
+        assert {b.block_threads for b in plan.buckets} == {512}
+
+
+def test_a_table_over_the_register_budget_is_refused():
+    with pytest.raises(KgenError, match="over the 128 B register budget; re-run `kgen tune`"):
+        plan_kernel(load_spec("rmsnorm"), load_profile("sm_90"), "bfloat16",
+                    table(choice(max_row_bytes=32768, threads=64, rule=512)))
+
+
+def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
+    arch = tmp_path / "arch"
+    arch.mkdir()
+    monkeypatch.setattr(kgen.catalog, "data_dir", lambda kind: tmp_path / kind)
+    monkeypatch.setattr(kgen.tune, "data_dir", lambda kind: tmp_path / kind)
+    load_tuning.cache_clear()
+    try:
+        merge_and_write(table(choice(op="layernorm")), "layernorm", "bfloat16")
+        merge_and_write(table(choice(), choice(max_row_bytes=4096, threads=128, rule=64)), "rmsnorm", "bfloat16")
+        merge_and_write(table(choice(threads=64)), "rmsnorm", "bfloat16")  # replaces rmsnorm's entries
+        read = load_tuning("sm_90")
+        assert [(c.op, c.max_row_bytes, c.threads) for c in read.choices] == [("layernorm", 8192, 256),
+                                                                               ("rmsnorm", 8192, 64)]
+        assert read.choices[1].shapes == ["1×8192×4096"] and read.device == "NVIDIA H200"
+    finally:
+        load_tuning.cache_clear()
+
+
+def row(kgen, peers, mb, same_copy_us, large_gbs=4200.0):
+    best = min(peers.values()) if peers else None
+    min_bytes = int(mb * 1e6)
+    return {"label": "s", "min_bytes": min_bytes, "times_us": {"kgen": kgen, **peers},
+            "best_peer_over_kgen": best / kgen if best else None,
+            "kgen_pct_large_copy": 100 * min_bytes / kgen / 1e3 / large_gbs,
+            "kgen_pct_same_copy": 100 * same_copy_us / kgen}
+
+
+def test_bars_apply_by_size():
+    large = row(100.0, {"torch.compile(e)": 101.0}, 400, 95.0)  # 400 MB in 100 µs: 4000 GB/s, 95 % of 4200
+    assert bars(large, 4.2, "torch.compile(e)", None) == {"<= best peer": True, ">= 90 % of 4 GiB copy": True}
+    mid = row(50.0, {"e": 49.0}, 100, 46.0)  # 92 % of a same-size copy, behind the peer
+    assert bars(mid, 4.2, None, None) == {"<= best peer": False, ">= 95 % of same-size copy": False}
+    small = row(4.8, {"e": 9.0}, 1, 4.5)
+    assert bars(small, 4.2, None, None) == {"<= best peer": True, "<= 1.1x empty launch": False}
+    assert bars(small, 4.4, None, None)["<= 1.1x empty launch"]
+    between = row(10.0, {}, 10, 9.0)  # 4–32 MB and no peer: no bar applies
+    assert bars(between, 4.2, None, None) == {}
+    rope3d = row(40.0, {"t": 100.0}, 44, 20.0)
+    assert bars(rope3d, 4.2, "t", 0.45)["<= 0.45x torch.compile"] and not bars(rope3d, 4.2, "t", 0.35)[
+        "<= 0.35x torch.compile"]
+
+
+def test_summary_counts_the_shapes_that_meet_every_bar():
+    rows = [row(100.0, {"c": 101.0}, 400, 95.0), row(50.0, {"c": 49.0}, 100, 46.0)]
+    for r in rows:
+        r["bars"] = bars(r, 4.2, None, None)
+    text = summary([{"op": "rmsnorm", "dtype": "bfloat16", "device": "H200", "arch": "sm_90", "torch": "2.11",
+                     "date": "2026-11-30", "mode": "events", "rounds": 3, "repeats": 100, "rows": rows}])
+    assert "Every bar met at 1 of 2 shapes." in text
+    assert "| rmsnorm | s | 100.0 | 50.0 | 49.0 (c) | 0.98 |" in text
+    assert "<= best peer; >= 95 % of same-size copy |" in text
