@@ -19,26 +19,16 @@ from pathlib import Path
 import pytest
 
 from kgen.builder import NVCC_FLAGS, _run, compile_kernel, find_nvcc, gencode, parse_ptxas
-from kgen.catalog import load_profile, load_spec
+from kgen.catalog import load_profile, load_spec, op_names
 from kgen.render import resolve_target, write_project
 
 ARCH = "sm_90"
-HOT_OPS = ["rmsnorm", "fused_add_rmsnorm", "adaln_rmsnorm", "silu_and_mul", "geglu", "rope", "rope3d"]
+HOT_OPS = op_names()  # every op: each is the hot kernel of someone's model
 C_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 ELEM_BYTES = {"float": 4, "__half": 2, "__nv_bfloat16": 2}
 # sincosf reduces huge arguments (Payne-Hanek) through 7 words in local memory; ptxas rounds that
 # to a 32-byte frame. Kernels that compute angles (a spec with a grid) may keep that buffer.
 PAYNE_HANEK_BYTES, PAYNE_HANEK_FRAME = 28, 32
-
-# rope3d (found by this test, nvcc 13.0): its vector kernels store the rotated channels one element
-# at a time (4 × st.global.f32 / 8 × st.global.u16 where rope's identical store_floats gives one
-# st.global.v4), and keep the token's coords[3] in local memory (12 bytes beside sincosf's 28:
-# `coords[axis_of[p]]` spelled as selects is folded back into an indexed ld.local).
-ROPE3D_STORES = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                  reason="rope3d vector kernels issue 4- or 2-byte global stores")
-ROPE3D_LOCAL = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                 reason="rope3d vector kernels keep coords[3] in local memory")
-
 
 # ---------------------------------------------------------------------------------------------
 # Parsers: kernel templates of the .cu, functions of a PTX or SASS listing, their memory accesses.
@@ -327,13 +317,8 @@ def listings(request, tmp_path_factory):
         yield evidence, futures
 
 
-def per_op(**marks: pytest.MarkDecorator):
-    """Parametrizes over HOT_OPS, with marks for some of them."""
-    return pytest.mark.parametrize("op", [pytest.param(op, marks=marks.get(op, ())) for op in HOT_OPS])
-
-
 @pytest.mark.toolchain
-@per_op(rope3d=ROPE3D_STORES)
+@pytest.mark.parametrize("op", HOT_OPS)
 def test_vector_kernels_issue_16_byte_global_loads_and_stores(listings, op):
     evidence, futures = listings
     kernels = futures[op].result()
@@ -342,7 +327,7 @@ def test_vector_kernels_issue_16_byte_global_loads_and_stores(listings, op):
 
 
 @pytest.mark.toolchain
-@per_op(rope3d=ROPE3D_LOCAL)
+@pytest.mark.parametrize("op", HOT_OPS)
 def test_hot_kernels_use_no_local_memory(listings, op):
     evidence, futures = listings
     kernels = futures[op].result()

@@ -8,7 +8,7 @@
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
-//   float16: 8 elem/access, 2 elem/access; 256 threads/block
+//   float16: 8 elem/access, 2 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
 #pragma once
 
 #include <cuda_runtime.h>

@@ -8,8 +8,8 @@
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
-//   float16: 8 elem/access, 2 elem/access; 256 threads/block
-//   bfloat16: 8 elem/access, 2 elem/access; 256 threads/block
+//   float16: 8 elem/access, 2 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
+//   bfloat16: 8 elem/access, 2 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
 #include "rope_interleaved.h"
 
 #include <cuda_bf16.h>
@@ -136,7 +136,12 @@ __device__ __forceinline__ void load_floats(const S* p, float (&out)[ELEMS]) {
 
 template <int ELEMS, bool VEC, typename T>
 __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
-  if constexpr (VEC) {
+  if constexpr (VEC && sizeof(Pack<T, ELEMS>) == sizeof(uint4)) {
+    // one 16-byte store, spelled as such: assigning the Pack was split into 4- or 2-byte stores in
+    // rope3d (nvcc 13.0), which the vectorizer could not merge
+    const Pack<T, ELEMS> v = pack<T>(f);
+    __stwb(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else if constexpr (VEC) {
     *reinterpret_cast<Pack<T, ELEMS>*>(p) = pack<T>(f);
   } else {
 #pragma unroll

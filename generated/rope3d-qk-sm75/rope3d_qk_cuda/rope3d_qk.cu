@@ -8,7 +8,7 @@
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
-//   float16: 8 elem/access, 2 elem/access; 256 threads/block
+//   float16: 8 elem/access, 2 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
 #include "rope3d_qk.h"
 
 #include <cuda_bf16.h>
@@ -168,7 +168,12 @@ __device__ __forceinline__ void load_floats(const S* p, float (&out)[ELEMS]) {
 
 template <int ELEMS, bool VEC, typename T>
 __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
-  if constexpr (VEC) {
+  if constexpr (VEC && sizeof(Pack<T, ELEMS>) == sizeof(uint4)) {
+    // one 16-byte store, spelled as such: assigning the Pack was split into 4- or 2-byte stores in
+    // rope3d (nvcc 13.0), which the vectorizer could not merge
+    const Pack<T, ELEMS> v = pack<T>(f);
+    __stwb(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else if constexpr (VEC) {
     *reinterpret_cast<Pack<T, ELEMS>*>(p) = pack<T>(f);
   } else {
 #pragma unroll
@@ -213,21 +218,22 @@ rope3d_qk_fwd_kernel(const Rope3DQkArgs args, Index chunks, Index heads_per_thre
     {
       // this token's grid position, row-major over the sizes
       Index rest = t;
-      float coords[kAxes];
       const Index next1 = rest / Index(params.width);
-      coords[2] = coordinate_2(float(rest - next1 * Index(params.width)), params);
+      const float coord_2 = coordinate_2(float(rest - next1 * Index(params.width)), params);
       rest = next1;
       const Index next2 = rest / Index(params.height);
-      coords[1] = coordinate_1(float(rest - next2 * Index(params.height)), params);
+      const float coord_1 = coordinate_1(float(rest - next2 * Index(params.height)), params);
       rest = next2;
-      coords[0] = coordinate_0(float(rest), params);
+      const float coord_0 = coordinate_0(float(rest), params);
 #pragma unroll
       for (int p = 0; p < ELEMS / 2; ++p) {
         float s = 0.0f, co = 1.0f;
         if (axis_of[p] >= 0) {
-          float cd = coords[0];  // coords[axis_of[p]] without a dynamically indexed (local-memory) array
-#pragma unroll
-          for (int a = 1; a < kAxes; ++a) cd = axis_of[p] == a ? coords[a] : cd;
+          // the pair's coordinate, selected among scalars: a select chain over an array's elements
+          // was folded into an indexed local-memory load (nvcc 13.0)
+          float cd = coord_0;
+          cd = axis_of[p] == 1 ? coord_1 : cd;
+          cd = axis_of[p] == 2 ? coord_2 : cd;
           sincosf(angle_of(freqs[p], cd, params), &s, &co);
         }
         cos_f[2 * p] = cos_f[2 * p + 1] = co;
