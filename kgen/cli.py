@@ -199,10 +199,10 @@ def tune(
 
     found = run_tune(op, load_profile(arch).name, _dtype(dtype), build_root=build_dir, console=console)
     for c in found.choices:
-        console.print(f"rows up to {c.max_row_bytes or 'any'} B: {c.threads} threads instead of {c.rule_threads} "
-                      f"({c.tuned_us:.1f} µs against {c.rule_us:.1f} µs)")
-    if not found.choices:
-        console.print("the rules won everywhere: nothing to record")
+        console.print(f"rows up to {c.max_row_bytes or 'any size'} B: " + (
+            f"the rule's {c.rule_threads} threads kept ({c.rule_us:.1f} µs)" if c.threads == c.rule_threads else
+            f"{c.threads} threads instead of the rule's {c.rule_threads} ({c.tuned_us:.1f} µs against {c.rule_us:.1f})")
+            + "".join(f"; {t} threads {us:.1f} µs" for t, us in c.others.items()))
     if write:
         console.print(f"wrote {merge_and_write(found, op, _dtype(dtype))}")
 

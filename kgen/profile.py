@@ -85,6 +85,7 @@ class TunedChoice(BaseModel):
     shapes: list[str]
     rule_us: float = Field(gt=0)  # summed over the shapes
     tuned_us: float = Field(gt=0)
+    others: dict[str, float] = {}  # the other candidates: threads -> µs
 
 
 class TuningTable(BaseModel):
@@ -101,6 +102,9 @@ class TuningTable(BaseModel):
         return next((c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None)
 
     def why(self, c: TunedChoice) -> str:
-        return (f"{c.threads}: tuned on the {self.device} {self.date} (arch/tuning/{self.arch}.toml): "
-                f"{c.tuned_us:.1f} µs against {c.rule_us:.1f} µs for the rule's {c.rule_threads} "
-                f"at {', '.join(c.shapes)}")
+        others = "".join(f", {t}: {us:.1f} µs" for t, us in c.others.items())
+        verdict = (f"the rule's, confirmed by kgen tune on the {self.device} {self.date}" if c.threads == c.rule_threads
+                   else f"tuned on the {self.device} {self.date}, instead of the rule's {c.rule_threads}")
+        return (f"{c.threads}: {verdict} (arch/tuning/{self.arch}.toml): {c.tuned_us:.1f} µs"
+                + ("" if c.threads == c.rule_threads else f", the rule {c.rule_us:.1f} µs") + others
+                + f" at {', '.join(c.shapes)}")

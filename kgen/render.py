@@ -75,7 +75,8 @@ def plan_lines(plans: list[KernelPlan]) -> list[str]:
     lines = [f"{key}: {why}" for key, why in plans[0].notes.items()]
     if plans[0].kind != "row_reduce":
         return lines + [f"{kp.dtype}: " + ", ".join(f"{b.elems_per_access} elem/access" for b in kp.buckets)
-                        + f"; {kp.buckets[0].block_threads} threads/block" for kp in plans]
+                        + f"; {kp.buckets[0].block_threads} threads/block"
+                        + ("" if kp.notes == plans[0].notes else f" ({kp.notes['block_threads']})") for kp in plans]
     for kp in plans:
         lines.append(f"{kp.dtype}:")
         for b in kp.buckets:
@@ -84,9 +85,11 @@ def plan_lines(plans: list[KernelPlan]) -> list[str]:
             lines.append(f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
                          f"{b.rows_per_block} rows/block, row in {b.storage}{columns}, {b.reduction}")
     reasons = {}
-    for b in plans[0].buckets:
-        for key, why in b.reasons.items():
-            reasons.setdefault(f"{key} ({b.max_row_bytes or 'any'} B, {b.elems_per_access}/access)", why)
+    for kp in plans:  # a dtype's reasons differ where a tuning table decided
+        for b in kp.buckets:
+            for key, why in b.reasons.items():
+                key = f"{key} ({b.max_row_bytes or 'any'} B, {b.elems_per_access}/access)"
+                reasons.setdefault(key if reasons.get(key, why) == why else f"{key} {kp.dtype}", why)
     lines.append("why:")
     lines += [f"  {key}: {why}" for key, why in reasons.items()]
     return lines

@@ -57,7 +57,10 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (128, 256)
     assert tuned.grid == 8192 and rule.grid == 4096  # 256 threads per block: one row each instead of two
     why = dict((c, w) for c, _, w in tuned.choices(profile))["threads per row"]
-    assert "tuned on the NVIDIA H200" in why and "36.5 µs against 40.0 µs" in why
+    assert "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 128" in why and "36.5 µs, the rule 40.0 µs" in why
+    kept = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice(threads=128)))
+    assert kept.bucket.threads_per_row == 128
+    assert "the rule's, confirmed by kgen tune" in dict((c, w) for c, _, w in kept.choices(profile))["threads per row"]
     assert "profile planner.threads_per_row" in dict((c, w) for c, _, w in rule.choices(profile))["threads per row"]
     other = plan_launch(spec, profile, "float16", 8192, 4096, table(choice()))  # another dtype keeps the rule
     assert other.bucket.threads_per_row == 128

@@ -134,6 +134,44 @@
 //     threads_per_row (any B, 1/access): 512: the longest ladder step
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)
+//     threads_per_row (128 B, 8/access): 8: rows up to 128 B (profile planner.threads_per_row)
+//     rows_per_block (128 B, 8/access): 32: 256 threads per block / 8 per row
+//     storage (128 B, 8/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (128 B, 8/access): 32 B per thread with the row fits the 128 B budget
+//     threads_per_row (256 B, 8/access): 16: rows up to 256 B (profile planner.threads_per_row)
+//     rows_per_block (256 B, 8/access): 16: 256 threads per block / 16 per row
+//     storage (256 B, 8/access): registers: 1 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (256 B, 8/access): 32 B per thread with the row fits the 128 B budget
+//     threads_per_row (2048 B, 8/access): 32: rows up to 2048 B (profile planner.threads_per_row)
+//     rows_per_block (2048 B, 8/access): 8: 256 threads per block / 32 per row
+//     storage (2048 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (2048 B, 8/access): 128 B per thread with the row fits the 128 B budget
+//     threads_per_row (4096 B, 8/access): 64: rows up to 4096 B (profile planner.threads_per_row)
+//     rows_per_block (4096 B, 8/access): 4: 256 threads per block / 64 per row
+//     storage (4096 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (4096 B, 8/access): 128 B per thread with the row fits the 128 B budget
+//     threads_per_row (8192 B, 8/access): 128: rows up to 8192 B (profile planner.threads_per_row)
+//     rows_per_block (8192 B, 8/access): 2: 256 threads per block / 128 per row
+//     storage (8192 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (8192 B, 8/access): 128 B per thread with the row fits the 128 B budget
+//     threads_per_row (16384 B, 8/access): 256: rows up to 16384 B (profile planner.threads_per_row)
+//     rows_per_block (16384 B, 8/access): 1: a row needs the whole block
+//     storage (16384 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (16384 B, 8/access): 128 B per thread with the row fits the 128 B budget
+//     threads_per_row (32768 B, 8/access): 512: rows up to 32768 B (profile planner.threads_per_row)
+//     rows_per_block (32768 B, 8/access): 1: a row needs the whole block
+//     storage (32768 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (32768 B, 8/access): 128 B per thread with the row fits the 128 B budget
+//     threads_per_row (65536 B, 8/access): 512: rows up to 65536 B (profile planner.threads_per_row)
+//     rows_per_block (65536 B, 8/access): 1: a row needs the whole block
+//     storage (65536 B, 8/access): registers: 8 × 16 B per thread, within the 128 B budget (profile planner.row_register_bytes_per_thread): one read, one write
+//     columns (65536 B, 8/access): 256 B per thread with the row would exceed the 128 B budget
+//     threads_per_row (162816 B, 8/access): 512: the longest ladder step
+//     rows_per_block (162816 B, 8/access): 1: a row needs the whole block
+//     storage (162816 B, 8/access): shared memory: beyond 64 KB in registers, up to the profile's 163 KB per block less 4 KB scratch: one read, one write
+//     threads_per_row (any B, 8/access): 512: the longest ladder step
+//     rows_per_block (any B, 8/access): 1: a row needs the whole block
+//     storage (any B, 8/access): global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)
 #include "fused_add_rmsnorm.h"
 
 #include <cuda_bf16.h>

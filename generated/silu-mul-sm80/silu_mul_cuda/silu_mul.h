@@ -8,8 +8,8 @@
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of every tensor at one position (profile planner.block_threads); rows are flattened
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block
-//   float16: 8 elem/access, 1 elem/access; 256 threads/block
-//   bfloat16: 8 elem/access, 1 elem/access; 256 threads/block
+//   float16: 8 elem/access, 1 elem/access; 256 threads/block (256 threads per block, each one access of every tensor at one position (profile planner.block_threads); rows are flattened)
+//   bfloat16: 8 elem/access, 1 elem/access; 256 threads/block (256 threads per block, each one access of every tensor at one position (profile planner.block_threads); rows are flattened)
 #pragma once
 
 #include <cuda_runtime.h>
