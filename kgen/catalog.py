@@ -65,11 +65,8 @@ def _frames(tb):
 
 @cache
 def load_spec(name: str) -> OpSpec:
-    for folder in ops_dirs():
-        path = folder / f"{name}.py"
-        if path.is_file():
-            break
-    else:
+    path = next((d / f"{name}.py" for d in ops_dirs() if name in op_names() and (d / f"{name}.py").is_file()), None)
+    if path is None:  # a file name found in a spec folder: never a path out of it
         raise KgenError(f"unknown op {name!r}; known ops: {', '.join(op_names()) or '(none)'}")
     module_name = f"kgen_ops.{name}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -100,7 +97,7 @@ def spec_hash(name: str) -> str:
 @cache
 def load_profile(name: str) -> ArchProfile:
     path = data_dir("arch") / f"{name}.toml"
-    if not path.is_file():
+    if name not in arch_names():
         raise KgenError(f"unknown arch {name!r}; known archs: {', '.join(arch_names())}")
     try:
         return ArchProfile.model_validate(tomllib.loads(path.read_text()))

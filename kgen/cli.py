@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,7 +28,7 @@ def _user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except KgenError as err:
-            err_console.print(f"[bold red]error:[/] {err}")
+            err_console.print(f"[bold red]error:[/] {escape(str(err))}")
             raise typer.Exit(2) from None
 
     return wrapper
@@ -42,7 +43,7 @@ def list_cmd() -> None:
         ops.add_column(col)
     for name in op_names():
         spec = load_spec(name)
-        ops.add_row(name, spec.summary, ", ".join(c.name for c in spec.structure.conventions),
+        ops.add_row(name, escape(spec.summary), ", ".join(c.name for c in spec.structure.conventions),
                     ", ".join(layer.name for layer in spec.layers) or "-")
     console.print(ops)
     archs = Table(title="arch profiles", title_justify="left")

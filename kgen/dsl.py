@@ -19,15 +19,46 @@ from __future__ import annotations
 import builtins
 import dis
 import inspect
+import keyword
 import re
 from typing import Annotated, Any, Callable, Literal
 
 import sympy as sp
-from pydantic import (BaseModel, ConfigDict, Field, PlainValidator,
-                      field_validator, model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 IDENTIFIER = r"^[a-z][a-z0-9_]{0,39}$"
-Identifier = Annotated[str, Field(pattern=IDENTIFIER)]
+DOTTED_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"  # a module's class: transformers.x.LlamaRMSNorm
+CPP_KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+char32_t class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
+decltype default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
+int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
+reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template this
+thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor
+xor_eq""".split())
+
+
+def _check(ok: Callable[[Any], Any], why: str) -> AfterValidator:
+    """A field constraint: the value if ok(value), else the field's error 'must be <why>' (pydantic adds the value)."""
+    def check(value):
+        if not ok(value):
+            raise ValueError(f"must be {why}")
+        return value
+    return AfterValidator(check)
+
+
+# names become C++ and Python identifiers, and the op's name its file and folder names
+Identifier = Annotated[str, Field(pattern=IDENTIFIER), _check(
+    lambda v: not keyword.iskeyword(v) and v not in CPP_KEYWORDS, "a name that is no Python or C++ keyword")]
+# Free text goes into C++ // comments, Python docstrings, CARD.md and (escaped) flake.nix: one printable line (no
+# control, bidi or line-separator characters) without escapes or line splices, comment or docstring ends
+Text = Annotated[str, _check(lambda v: v.isprintable() and not re.search(r"\\|\*/|\"\"\"|'''|\?\?/", v),
+                             "one printable line without a backslash, '*/', '\"\"\"', \"'''\" or '??/'")]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]  # printed as a Python and C++ literal
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
 
 hidden, inv_hidden, row_sum = sp.symbols("hidden inv_hidden row_sum")
 BUILTIN_SYMBOLS = {"hidden", "inv_hidden"}
@@ -54,10 +85,8 @@ def _sympy_expr(value: Any) -> sp.Expr:
 
 SympyExpr = Annotated[sp.Expr, PlainValidator(_sympy_expr)]
 
-_DIMS = re.compile(r"^((\*rows )?(2\*)?hidden|batch axes tokens)$")
 
-
-class Tensor(BaseModel):
+class Tensor(_Model):
     """A tensor argument or result. ``dims`` is ``"*rows hidden"`` (any number of leading dims,
     the op working along the last), ``"hidden"`` (one value per column) or ``"*rows 2*hidden"``
     (a packed input: two halves along the last dim, named by ``halves``, e.g. GEGLU's hidden and
@@ -65,23 +94,16 @@ class Tensor(BaseModel):
     per-batch [B, 1, C] modulation beside a [B, S, C] x). ``"batch axes tokens"`` is a float32
     [B, axes, S] tensor of per-token grid coordinates (a rotary op's GridAngles.coordinates_input)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Identifier
-    dims: str
+    dims: Annotated[str, _check(re.compile(r"(\*rows )?(2\*)?hidden|batch axes tokens").fullmatch,
+                                "'*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens'")]
     role: Literal["input", "output"] = "input"
     dtype: Literal["io", "float32"] = "io"  # io: the op's I/O dtype (float32, float16 or bfloat16)
     optional: bool = False
-    absent_value: float | None = None  # the element value used when an optional input is None
+    absent_value: FiniteFloat | None = None  # the element value used when an optional input is None
     halves: tuple[Identifier, Identifier] | None = None
     broadcast: bool = False
-    doc: str = ""
-
-    @field_validator("dims")
-    @classmethod
-    def _dims(cls, dims: str) -> str:
-        if not _DIMS.match(dims):
-            raise ValueError(f"dims must be '*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens', got {dims!r}")
-        return dims
+    doc: Text = ""
 
     @model_validator(mode="after")
     def _optional(self) -> Tensor:
@@ -115,16 +137,15 @@ class Tensor(BaseModel):
         return self.dims.startswith("*rows")
 
 
-class Param(BaseModel):
+class Param(_Model):
     """A scalar param with its default: a float, or an int with ``integer``. ``positive`` makes the
     binding refuse values <= 0."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Identifier
-    default: float
+    default: FiniteFloat
     positive: bool = False
     integer: bool = False
-    doc: str = ""
+    doc: Text = ""
 
     @model_validator(mode="after")
     def _integer(self) -> Param:
@@ -133,37 +154,34 @@ class Param(BaseModel):
         return self
 
 
-class Reduction(BaseModel):
+class Reduction(_Model):
     """``stat = finalize(row_sum)`` where ``row_sum`` is the fp32 sum of ``summand`` over the row."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     stat: Identifier
     summand: SympyExpr
     finalize: SympyExpr
 
 
-class Convention(BaseModel):
+class Convention(_Model):
     """One numerics convention: the epilogue expression of every output, and whom it matches.
     ``prologue`` (row_reduce) replaces the structure's prologue expressions where a library
     rounds differently on the way in."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     name: Identifier
-    matches: str
-    outputs: dict[str, SympyExpr]
-    prologue: dict[str, SympyExpr] = {}
+    matches: Text
+    outputs: dict[Identifier, SympyExpr]
+    prologue: dict[Identifier, SympyExpr] = {}
 
 
-class Elementwise(BaseModel):
+class Elementwise(_Model):
     """Each output element from the inputs' elements at the same position (a packed input's
     halves at the same column), per convention. The first convention is the default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     kind: Literal["elementwise"] = "elementwise"
     conventions: list[Convention] = Field(min_length=1)
 
 
-class GridAngles(BaseModel):
+class GridAngles(_Model):
     """Rotary angles computed in the kernel from each token's place on a latent grid (LTX-Video's
     3D RoPE). Tokens run row-major over the integer params ``sizes``; ``axes`` name the index along
     each. The first C mod (2·axes) channels pass through (cos 1, sin 0); channel c >= that pad is in
@@ -171,7 +189,6 @@ class GridAngles(BaseModel):
     j mod len(axes). ``coordinates`` (one per axis, of its index and params), ``frequency`` (of k
     and n_freq) and ``angle`` (of freq and coord) are fp32 math."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     axes: list[Identifier] = Field(min_length=1, max_length=3)
     sizes: list[Identifier] = Field(default=[], max_length=3)
     coordinates: list[SympyExpr]
@@ -182,70 +199,56 @@ class GridAngles(BaseModel):
     angle: SympyExpr
 
 
-class Rotary(BaseModel):
+class Rotary(_Model):
     """Pairwise rotation of each '*rows hidden' io input (q, and optionally k) into the outputs,
     in order: pairs (2i, 2i + 1) ("interleaved", GPT-J / Flux / LTX-Video) or (i, i + D/2)
     ("half", Llama's rotate_half). cos and sin per element come from input tensors named cos and
     sin (broadcast over batch and heads), or from ``grid``. Each convention gives an output its
     element from the input's element, ``<input>_pair``, cos, sin and sign."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     kind: Literal["rotary"] = "rotary"
     pairing: Literal["interleaved", "half"]
     grid: GridAngles | None = None
     conventions: list[Convention] = Field(min_length=1)
 
 
-class RowReduce(BaseModel):
+class RowReduce(_Model):
     """An optional prologue (per-element values computed from the '*rows hidden' inputs, kept on
     chip in the I/O dtype in their place, e.g. r = x + residual), reductions over the last dim (in
     order; a later one may use earlier stats), then an elementwise epilogue per convention. The
     first convention is the default. Row inputs that only the epilogue uses are read there, not
     kept on chip."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     kind: Literal["row_reduce"] = "row_reduce"
-    prologue: dict[str, SympyExpr] = {}
+    prologue: dict[Identifier, SympyExpr] = {}
     reductions: list[Reduction] = Field(min_length=1)
     conventions: list[Convention] = Field(min_length=1)
 
 
-_ATTRIBUTE = re.compile(r"^(self\.)?[a-z_][a-z0-9_]*$")
-
-
-class Layer(BaseModel):
+class Layer(_Model):
     """A `kernels` layer: a stateless nn.Module whose forward replaces ``replaces``.
     ``bind`` maps each op argument to a forward argument or an attribute of the
     replaced module (``self.weight``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]{0,39}$")]
-    replaces: list[str] = Field(min_length=1)
+    replaces: list[Annotated[str, Field(pattern=DOTTED_PATH)]] = Field(min_length=1)
     forward_args: list[Identifier] = Field(min_length=1)
-    bind: dict[str, str]
+    bind: dict[str, Annotated[str, _check(re.compile(r"(self\.)?[a-z_][a-z0-9_]*").fullmatch,
+                                          "a forward argument or 'self.<attribute>'")]]
     convention: Identifier
 
-    @field_validator("bind")
-    @classmethod
-    def _bind(cls, bind: dict[str, str]) -> dict[str, str]:
-        for arg, source in bind.items():
-            if not _ATTRIBUTE.match(source):
-                raise ValueError(f"bind[{arg!r}] must be a forward argument or 'self.<attribute>', got {source!r}")
-        return bind
 
-
-class OpSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+class OpSpec(_Model):
     name: Identifier
-    summary: str = Field(min_length=1)
+    summary: Text = Field(min_length=1)
     tensors: list[Tensor] = Field(min_length=2)
     params: list[Param] = []
     structure: RowReduce | Elementwise | Rotary = Field(discriminator="kind")
     reference: Callable[..., Any]
     layers: list[Layer] = []
     # Implementations users run today, called like the op (inputs, then params): the benchmark's
-    # peers. The first is also timed under torch.compile.
-    peers: dict[str, Callable[..., Any]] = {}
+    # peers. The first is also timed under torch.compile. Names head bench's Markdown tables and plot legends.
+    peers: dict[Annotated[Text, Field(pattern=r"^[^|$\[]+$")], Callable[..., Any]] = {}
     # output -> the input it overwrites in the op's in-place form `<op>_` (which returns the other
     # outputs), e.g. {"residual_out": "residual"}
     inplace: dict[Identifier, Identifier] = {}
@@ -306,10 +309,12 @@ class OpSpec(BaseModel):
             row_names = {t.name for t in row_inputs}
             for name, expr in prologue.items():
                 _check_symbols(expr, row_names | known, f"structure.prologue.{name}")
+            if prologue and not set().union(*(map(str, e.free_symbols) for e in prologue.values())) & row_names:
+                raise ValueError("structure.prologue: reads no '*rows ...' input (its values stand for the row's)")
             row_values = set(prologue) or row_names  # what the later passes read from the row
             for i, red in enumerate(reductions):
-                _check_symbols(red.summand, row_values | known, f"structure.reductions.{i}.summand")
-                _check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize")
+                _check_symbols(red.summand, row_values | known, f"structure.reductions.{i}.summand", False)
+                _check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize", False)
                 known.add(red.stat)
             inputs = row_values | columns | set(self.late_inputs)
         seen = set()
@@ -366,9 +371,9 @@ class OpSpec(BaseModel):
                                  f"have {sorted(ints)}) unless the coordinates come from coordinates_input")
             floats = {p.name for p in self.params if not p.integer}
             for axis, expr in zip(grid.axes, grid.coordinates):
-                _check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}")
-            _check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency")
-            _check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle")
+                _check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}", False)
+            _check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency", False)
+            _check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle", False)
         return names | {f"{n}_pair" for n in names} | {"cos", "sin", "sign"}
 
     # -- views the other rooms read ------------------------------------------------------------
@@ -445,15 +450,18 @@ def _global_names(code) -> set[str]:
     return names
 
 
-def _check_symbols(expr: sp.Expr, allowed: set[str], where: str) -> None:
+def _check_symbols(expr: sp.Expr, allowed: set[str], where: str, rounds: bool = True) -> None:
+    """``rounds``: to_io_dtype may appear (not in reductions and grid angles: fp32 code with no I/O dtype)."""
     unknown = sorted(str(s) for s in expr.free_symbols if str(s) not in allowed)
     if unknown:
         raise ValueError(f"{where}: unknown symbols {unknown}; allowed here: {sorted(allowed)}")
-    funcs = {type(f).__name__ for f in expr.atoms(sp.Function)} - SUPPORTED_FUNCTIONS
+    printable = SUPPORTED_FUNCTIONS - (set() if rounds else {"to_io_dtype"})
+    funcs = {type(n).__name__ for n in sp.preorder_traversal(expr) if not isinstance(n, _NODES)} - printable
     if funcs:
-        raise ValueError(f"{where}: functions {sorted(funcs)} have no CUDA printing; "
-                         f"supported: {sorted(SUPPORTED_FUNCTIONS)}")
+        raise ValueError(f"{where}: functions {sorted(funcs)} have no CUDA printing here; known: {sorted(printable)}")
 
 
 REFERENCE_GLOBALS = {"torch", "F", "math"}  # torch.nn.functional as F
+_NODES = (sp.Symbol, sp.Number, sp.NumberSymbol, sp.Add, sp.Mul, sp.Pow, sp.UnevaluatedExpr, sp.Rel, sp.And, sp.Or,
+          sp.Not, sp.ITE, sp.logic.boolalg.BooleanAtom, sp.functions.elementary.piecewise.ExprCondPair)  # and these:
 SUPPORTED_FUNCTIONS = {"to_io_dtype", "exp", "log", "tanh", "erf", "sqrt", "Abs", "Max", "Min", "Piecewise", "floor"}

@@ -67,6 +67,7 @@ def _environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=False, lstrip_blocks=False)
     env.filters["format_code"] = lambda s: f"`{s}`"
+    env.filters["nix_string"] = lambda s: s.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
     return env
 
 

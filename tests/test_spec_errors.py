@@ -34,7 +34,7 @@ spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={param
 CASES = [
     ({"name": '"Bad-Op"'}, ["OpSpec.name: String should match pattern"]),
     ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
-     ["Tensor.dims: Value error, dims must be '*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens', got 'rows d'"]),
+     ["Tensor.dims: Value error, must be '*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens' (got 'rows d')"]),
     ({"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
      ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"]),
     ({"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
@@ -68,13 +68,28 @@ CASES = [
      ["names must be unique across tensors, halves, params and stats; repeated: ['rstd']"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
                 'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'},
-     ["Layer.bind: Value error, bind['weight'] must be a forward argument or 'self.<attribute>', got 'self.weight; import os'"]),
+     ["Layer.bind.weight: Value error, must be a forward argument or 'self.<attribute>' (got 'self.weight; import os')"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="fast", '
                 'bind={"x": "h", "weight": "self.weight"})]'},
      ["layers.0.convention: 'fast' is not one of ['plain']"]),
     ({"layers": '[Layer(name="rms_norm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
                 'bind={"x": "h", "weight": "self.weight"})]'},
      ["Layer.name: String should match pattern"]),
+    # free text and names end up in generated C++, Python, Markdown and Nix: nothing may break out of them
+    ({"tensors": GOOD["tensors"].replace('name="out"', 'name="int"')},
+     ["Tensor.name: Value error, must be a name that is no Python or C++ keyword (got 'int')"]),
+    ({"params": '[Param(name="eps", default=1e-6, doc="*/ #include <evil.h>")]'},
+     ["Param.doc: Value error, must be one printable line without a backslash, '*/'"]),
+    ({"conventions": '[Convention(name="plain", matches="one\\ntwo", outputs={"out": x * rstd * weight})]'},
+     ["Convention.matches: Value error, must be one printable line", "(got 'one\\ntwo')"]),
+    ({"params": '[Param(name="eps", default=float("inf"))]'}, ["Param.default: Input should be a finite number"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm; import os"], forward_args=["h"], convention="plain", '
+                'bind={"x": "h", "weight": "self.weight"})]'},
+     ["Layer.replaces.0: String should match pattern"]),
+    ({"reductions": '[Reduction(stat="rstd", summand=x**2, finalize=to_io_dtype(row_sum))]'},
+     ["structure.reductions.0.finalize: functions ['to_io_dtype'] have no CUDA printing here"]),
+    ({"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * sp.I})]'},
+     ["structure.conventions.0.outputs.out: functions ['ImaginaryUnit'] have no CUDA printing"]),
 ]
 
 
@@ -159,6 +174,10 @@ STRUCTURE_CASES = [
      "inplace: maps outputs ['out'] to the inputs they overwrite, required '*rows hidden' inputs of the same shape ['x']"),
     ({"params": '[Param(name="n", default=2.5, integer=True)]'},
      "integer param 'n' needs an integer default, got 2.5"),
+    ({"tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", role="output")]',
+      "structure": 'RowReduce(prologue={"r": sp.Integer(2)}, reductions=[Reduction(stat="s", summand=sp.Symbol("r"), '
+                   'finalize=sp.Symbol("row_sum"))], conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
+     "structure.prologue: reads no '*rows ...' input"),
 ]
 
 
