@@ -45,6 +45,10 @@ class Case:
         return ("×".join(map(str, self.shape)) + (" per batch" if self.per_batch else "")
                 + (f" ({', '.join(extra)})" if extra else ""))
 
+    def param_values(self, spec) -> list:
+        given = dict(self.params)
+        return [(int if p.integer else float)(given.get(p.name, p.default)) for p in spec.params]
+
 
 def suite(op: str) -> list[Case]:
     """An entry is a shape, or {shape = [...], per_batch = true, params = {...}, k_heads = N}."""
@@ -180,7 +184,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     vs_compile = _suite_table(op).get("max_time_vs_compile")
     rows_out = []
     for case in suite(op):
-        params = [(int if p.integer else float)(dict(case.params).get(p.name, p.default)) for p in spec.params]
+        params = case.param_values(spec)
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
         outputs = kernel(*inputs, *params)
         # each input read once, each output written once

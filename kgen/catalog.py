@@ -65,8 +65,9 @@ def _frames(tb):
 
 @cache
 def load_spec(name: str) -> OpSpec:
-    path = next((d / f"{name}.py" for d in ops_dirs() if name in op_names() and (d / f"{name}.py").is_file()), None)
-    if path is None:  # a file name found in a spec folder: never a path out of it
+    # a file name found in a spec folder: never a path out of it
+    path = next((d / f"{name}.py" for d in ops_dirs() if (d / f"{name}.py").is_file()), None) if name in op_names() else None
+    if path is None:
         raise KgenError(f"unknown op {name!r}; known ops: {', '.join(op_names()) or '(none)'}")
     module_name = f"kgen_ops.{name}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)

@@ -66,15 +66,15 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTa
     """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better
     threads for a vector configuration."""
     check_dtype(profile, dtype)
-    tuned = (lambda max_row_bytes: tuning.lookup(spec.name, dtype, max_row_bytes)) if tuning else lambda _: None
+    tuned = (lambda max_row_bytes: tuning.threads(spec.name, dtype, max_row_bytes)) if tuning else lambda _: None
     if spec.structure.kind != "row_reduce":
-        return _plan_elementwise(spec, profile, dtype, tuned(None), tuning)
+        return _plan_elementwise(spec, profile, dtype, tuned(None))
     elem = DTYPE_BYTES[dtype]
     facts = profile.planner
     buckets = []
     for elems_per_access in (VECTOR_BYTES // elem, 1):
         buckets += _buckets(profile, elem, elems_per_access, len(spec.row_values), len(spec.column_inputs),
-                            tuned if elems_per_access > 1 else lambda _: None, tuning)
+                            tuned if elems_per_access > 1 else lambda _: None)
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when "
                        f"{', '.join(t.name for t in spec.tensors)} are {VECTOR_BYTES}-byte aligned and hidden and "
@@ -89,12 +89,12 @@ def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTa
     return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes)
 
 
-def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned, tuning) -> KernelPlan:
+def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned: tuple[int, str] | None) -> KernelPlan:
     """One thread per access of each output: no reduction, nothing kept, so the only choices are
     the access width and the block size. Rotary ops are planned the same way; a thread rotates its
     channels of one token across the heads, fetching cos and sin once."""
     elem = DTYPE_BYTES[dtype]
-    threads = tuned.threads if tuned else profile.planner.block_threads
+    threads = tuned[0] if tuned else profile.planner.block_threads
     kind = spec.structure.kind
     reasons = {"threads_per_row": f"{threads} threads per block, each one access of every tensor at one "
                                   "position (profile planner.block_threads); rows are flattened",
@@ -105,7 +105,7 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned, tun
                                       "every head (cos and sin fetched once per token), unless that leaves fewer "
                                       "threads than one full wave: then heads are split in chunks")
     if tuned:
-        reasons["threads_per_row"] = tuning.why(tuned) + " (threads per block)"
+        reasons["threads_per_row"] = tuned[1] + " (threads per block)"
     scalar = 2 if kind == "rotary" and spec.structure.pairing == "interleaved" else 1
     buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
     what = "each half of a packed one" if kind == "elementwise" else "rotate_half pairs need a multiple of twice that"
@@ -129,16 +129,16 @@ _SCRATCH_BYTES = 4 * 1024  # reserved for the per-warp partial sums of the reduc
 
 
 def _buckets(profile: ArchProfile, elem: int, elems_per_access: int, row_values: int,
-             column_inputs: int, tuned=lambda _: None, tuning: TuningTable | None = None) -> list[Bucket]:
+             column_inputs: int, tuned=lambda _: None) -> list[Bucket]:
     facts = profile.planner
     access_bytes = elem * elems_per_access
     out = []
     for step in facts.threads_per_row:
         choice = tuned(step.max_row_bytes)
-        threads = choice.threads if choice else step.threads
+        threads = choice[0] if choice else step.threads
         rows_per_block = max(1, facts.block_threads // threads)
         reasons = {
-            "threads_per_row": tuning.why(choice) if choice else
+            "threads_per_row": choice[1] if choice else
             f"{threads}: rows up to {step.max_row_bytes} B (profile planner.threads_per_row)",
             "rows_per_block": (f"{rows_per_block}: {facts.block_threads} threads per block / {threads} per row"
                                if rows_per_block > 1 else "1: a row needs the whole block"),

@@ -98,8 +98,9 @@ class TuningTable(BaseModel):
     torch: str
     choices: list[TunedChoice] = []
 
-    def lookup(self, op: str, dtype: str, max_row_bytes: int | None) -> TunedChoice | None:
-        return next((c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None)
+    def threads(self, op: str, dtype: str, max_row_bytes: int | None) -> tuple[int, str] | None:
+        c = next((c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None)
+        return (c.threads, self.why(c)) if c else None
 
     def why(self, c: TunedChoice) -> str:
         others = "".join(f", {t}: {us:.1f} µs" for t, us in c.others.items())

@@ -66,8 +66,8 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
     spec, profile = load_spec(op), load_profile(arch)
     table = TuningTable(arch=arch, device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                         torch=torch.__version__)
-    kernels = {}
-    for name, choices in candidates(op, arch, dtype).items():
+    kernels, options = {}, candidates(op, arch, dtype)
+    for name, choices in options.items():
         target = Target(op, arch, (dtype,), table.model_copy(update={"choices": choices}))
         project = write_project(target, build_root / name)
         console.print(f"building candidate {name}: " + (", ".join(
@@ -76,21 +76,20 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
         (lib,) = out.glob("*.abi3.so")
         torch.ops.load_library(str(lib))
         kernels[name] = getattr(getattr(torch.ops, lib.name.split(".")[0]), op)
-    timer, torch_dtype = Timer(torch, repeats), getattr(torch, dtype)
+    timer, torch_dtype, tol = Timer(torch, repeats), getattr(torch, dtype), SMOKE_TOLERANCE[dtype]
     by_bucket: dict[int | None, dict] = {}
     for case in suite(op):
-        params = [(int if p.integer else float)(dict(case.params).get(p.name, p.default)) for p in spec.params]
+        params = case.param_values(spec)
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
         want = spec.reference(*inputs, *params)
-        want = want if isinstance(want, tuple) else (want,)
-        tol = SMOKE_TOLERANCE[dtype]
         for name, kernel in kernels.items():
             got = kernel(*inputs, *params)
-            for g, w in zip(got if isinstance(got, tuple) else (got,), want):
+            for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want))):
                 if not torch.allclose(g.double(), w, rtol=tol, atol=tol):
                     raise KgenError(f"candidate {name} of {op} disagrees with the reference at {case.label}: "
                                     f"max |diff| {(g.double() - w).abs().max().item():.3g}")
-        times = timer.rounds_us({n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds)
+        times = {n: statistics.median(t) for n, t in
+                 timer.rounds_us({n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds).items()}
         bucket = None
         if spec.structure.kind == "row_reduce":
             launch = plan_launch(spec, profile, dtype, math.prod(case.shape[:-1]), case.shape[-1])
@@ -99,18 +98,15 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
             bucket = launch.bucket.max_row_bytes
         entry = by_bucket.setdefault(bucket, {"shapes": [], "us": dict.fromkeys(kernels, 0.0)})
         entry["shapes"].append(case.label)
-        for n, t in times.items():
-            entry["us"][n] += statistics.median(t)
-        console.print(f"{case.label}: " + ", ".join(f"{n} {statistics.median(t):.1f} µs" for n, t in times.items()))
+        for n, us in times.items():
+            entry["us"][n] += us
+        console.print(f"{case.label}: " + ", ".join(f"{n} {us:.1f} µs" for n, us in times.items()))
     rule = plan_kernel(spec, profile, dtype)
-    found, options = [], candidates(op, arch, dtype)
+    found = []
     for bucket, entry in by_bucket.items():
         rule_threads = next(b.threads_per_row for b in rule.buckets if b.vectorized and b.max_row_bytes == bucket)
-        measured = {rule_threads: entry["us"]["rule"]}
-        for name, choices in options.items():
-            choice = next((c for c in choices if c.max_row_bytes == bucket), None)
-            if choice:
-                measured[choice.threads] = entry["us"][name]
+        measured = {rule_threads: entry["us"]["rule"]} | {
+            c.threads: entry["us"][name] for name, choices in options.items() for c in choices if c.max_row_bytes == bucket}
         best = min(measured, key=measured.get)
         if measured[best] >= (1 - MARGIN) * measured[rule_threads]:
             best = rule_threads  # within noise of the rule: the rule stays
