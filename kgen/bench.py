@@ -141,9 +141,11 @@ class Timer:
         return times[len(times) // 2]
 
     def copy_us(self, traffic_bytes: int) -> float:
+        """Always timed with events: captured in a graph, the copy is a memcpy node that ran on the
+        copy engines at 2.8 TB/s against 4.3 TB/s (H200), no ceiling for kernels."""
         src = self.torch.empty(max(1, traffic_bytes // 2), dtype=self.torch.uint8, device="cuda")
         dst = self.torch.empty_like(src)
-        return self.median_us(lambda: dst.copy_(src))
+        return Timer(self.torch, self.repeats).median_us(lambda: dst.copy_(src))
 
     def rounds_us(self, fns: dict, rounds: int) -> dict[str, list[float]]:
         """Each implementation's median per round, implementations interleaved within a round."""
@@ -289,14 +291,11 @@ def plot(result: dict, path: Path) -> None:
     ax.plot(mb, [r["min_bytes"] / r["copy_same_us"] / 1e3 for r in rows], "k--", label="copy_ of the same bytes")
     ax.axhline(result["large_copy_gbs"], color="gray", linestyle=":",
                label=f"4 GiB copy_: {result['large_copy_gbs']:.0f} GB/s")
-    ax.set_xscale("log")
-    ax.set_xlabel("minimum bytes moved (MB)")
-    ax.set_ylabel("effective bandwidth (GB/s)")
-    ax.set_title(f"{result['op']} {result['dtype']} on {result['device']}, torch {result['torch']}, {result['date']}")
+    ax.set(xscale="log", xlabel="minimum bytes moved (MB)", ylabel="effective bandwidth (GB/s)",
+           title=f"{result['op']} {result['dtype']} on {result['device']}, torch {result['torch']}, {result['date']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -305,8 +304,7 @@ def markdown(result: dict) -> str:
     lines = [f"{result['op']}, {result['dtype']}, {result['device']} ({result['arch']}), torch {result['torch']}, "
              f"{result['date']}; {result.get('mode', 'events')}, median of {result.get('rounds', 1)} rounds of "
              f"{result['repeats']} runs, L2 flushed; 4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = "
-             f"{result['large_copy_gbs']:.0f} GB/s; empty launch {result.get('empty_launch_us', 0):.1f} µs.",
-             "",
+             f"{result['large_copy_gbs']:.0f} GB/s; empty launch {result.get('empty_launch_us', 0):.1f} µs.", "",
              "| shape | MB moved | " + " | ".join(f"{n} µs" for n in names)
              + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen | bars missed |",
              "|---" * (len(names) + 7) + "|"]

@@ -1,0 +1,138 @@
+"""Hardware counters (Nsight Compute) for kgen's kernel at every benchmark shape of the given ops, so
+a missed bar can be explained by measurement: DRAM bytes moved against the bytes counted, DRAM throughput, achieved
+against theoretical occupancy, waves, registers, instructions.
+
+    python3 scripts/ncu_counters.py rmsnorm rope3d --build-dir /tmp/kgen-build --out ncu.md
+
+runs itself under `ncu --clock-control none` (clocks are left as they are; caches are flushed before
+each replay, as the benchmark flushes L2) and profiles only the launch between
+cudaProfilerStart/Stop of each shape."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+METRICS = {
+    "gpu__time_duration.sum": "µs",
+    "dram__bytes_read.sum": "DRAM read MB",
+    "dram__bytes_write.sum": "DRAM write MB",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % peak",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy %",
+    "sm__maximum_warps_per_active_cycle_pct": "theoretical occupancy %",
+    "launch__waves_per_multiprocessor": "waves",
+    "launch__registers_per_thread": "registers",
+    "launch__grid_size": "blocks",
+    "launch__block_size": "threads",
+    "smsp__inst_executed.sum": "instructions (M)",
+    "lts__t_sector_hit_rate.pct": "L2 hit %",
+}
+
+
+def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kgen.bench import example_inputs, suite
+    from kgen.builder import build_project, device_arch, load
+    from kgen.catalog import load_spec
+    from kgen.render import resolve_target, write_project
+
+    labels = []
+
+    def profiled(label: str, fn) -> None:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        labels.append(label)
+
+    for op in ops:
+        spec = load_spec(op)
+        target = resolve_target(op, device_arch())
+        project = write_project(target, build_dir)
+        build_project(project, target)
+        kernel = getattr(load(project), op)
+        for case in suite(op):
+            params = case.param_values(spec)
+            inputs = example_inputs(spec, case.shape, torch.bfloat16, per_batch=case.per_batch, k_heads=case.k_heads)
+            outputs = kernel(*inputs, *params)
+            counted = sum(t.numel() * t.element_size()
+                          for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])])
+            profiled(json.dumps({"op": op, "shape": case.label, "counted": counted}),
+                     lambda: kernel(*inputs, *params))
+    labels_path.write_text("\n".join(labels) + "\n")
+
+
+def parse(csv_text: str) -> list[dict]:
+    """ncu's CSV (one row per kernel and metric) as one dict of metric -> value per kernel, in order."""
+    start = csv_text.find('"ID"')
+    kernels: dict[int, dict] = defaultdict(dict)
+    for row in csv.DictReader(io.StringIO(csv_text[start:])):
+        value = row["Metric Value"].replace(",", "")
+        try:
+            kernels[int(row["ID"])][row["Metric Name"]] = float(value)
+        except ValueError:
+            kernels[int(row["ID"])][row["Metric Name"]] = value
+        kernels[int(row["ID"])]["kernel"] = row["Kernel Name"]
+    return [kernels[i] for i in sorted(kernels)]
+
+
+def table(rows: list[dict]) -> str:
+    head = ["op", "shape", "MB counted", *METRICS.values()]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["op"], r["shape"], f"{r['counted'] / 1e6:.1f}"]
+        for metric in METRICS:
+            v = r.get(metric)
+            if metric == "gpu__time_duration.sum":
+                v = v / 1e3 if isinstance(v, float) else v  # ns -> µs
+            elif metric.startswith("dram__bytes"):
+                v = v / 1e6 if isinstance(v, float) else v
+            elif metric == "smsp__inst_executed.sum":
+                v = v / 1e6 if isinstance(v, float) else v
+            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v or ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("ops", nargs="+")
+    parser.add_argument("--build-dir", type=Path, default=Path("build/bench"))
+    parser.add_argument("--out", type=Path, default=Path("ncu.md"))
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.ops, args.build_dir, args.child)
+    labels_path = args.out.with_suffix(".labels")
+    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--print-units", "base", "--csv",
+           "--metrics", ",".join(METRICS), sys.executable, __file__, *args.ops, "--build-dir", str(args.build_dir),
+           "--child", str(labels_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    args.out.with_suffix(".ncu.csv").write_text(run.stdout)
+    if run.returncode != 0:
+        sys.exit(f"ncu failed ({run.returncode}):\n{run.stderr[-3000:]}\n{run.stdout[-3000:]}")
+    kernels = parse(run.stdout)
+    labels = labels_path.read_text().splitlines()
+    if len(kernels) != len(labels):
+        sys.exit(f"{len(kernels)} kernels profiled for {len(labels)} launches; see {args.out.with_suffix('.ncu.csv')}")
+    rows = []
+    for label, k in zip(labels, kernels):
+        rows.append(json.loads(label) | k)
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    args.out.write_text(table(rows))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
