@@ -23,7 +23,7 @@ class Bucket:
     elems_per_access: int
     threads_per_row: int
     rows_per_block: int
-    max_accesses_per_thread: int  # the register array length (registers storage only)
+    max_accesses_per_thread: int  # the register array length (registers storage); rotary: heads in flight
     storage: str  # "registers" | "shared" | "global"
     columns_fit: bool  # per-column inputs fit in registers beside the row (loaded with it in one-wave grids)
     reasons: dict[str, str] = field(compare=False, hash=False)
@@ -107,7 +107,14 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned: tup
     if tuned:
         reasons["threads_per_row"] = tuned[1] + " (threads per block)"
     scalar = 2 if kind == "rotary" and spec.structure.pairing == "interleaved" else 1
-    buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
+    heads = 1 if kind == "rotary" and spec.structure.pairing == "half" else 2 if kind == "rotary" else 1
+    if kind == "rotary":  # measured: H200, bf16, q [1, 32, T, 128] and k [1, 8, T, 128] (BENCHMARKS.md)
+        reasons["heads_in_flight"] = (
+            "1 head in flight per thread: a rotate_half thread holds cos and sin for both halves, and two heads kept "
+            "91 registers (25 % occupancy); one head, 72 registers, ran T = 2048 16 % and T = 8192 8 % faster"
+            if heads == 1 else "2 heads in flight per thread, both loaded before either is stored: with interleaved "
+            "pairs (64 registers) one head at a time ran 10-12 % slower")
+    buckets = [Bucket(None, n, threads, 1, heads, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
     what = "each half of a packed one" if kind == "elementwise" else "rotate_half pairs need a multiple of twice that"
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when every tensor "
@@ -116,7 +123,7 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned: tup
         "scalar path": f"otherwise {'one pair' if scalar == 2 else 'one element'} per access: correct for any "
                        "alignment and any hidden size",
         "block_threads": reasons["threads_per_row"],
-    }
+    } | ({"heads in flight": reasons["heads_in_flight"]} if kind == "rotary" else {})
     return KernelPlan(spec.name, profile.name, dtype, elem, buckets, notes, kind)
 
 
@@ -217,7 +224,9 @@ class LaunchPlan:
                 ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
                 ("grid", f"{self.grid} blocks", f"ceil({self.rows} × {self.hidden} / {b.elems_per_access} accesses / "
                  f"{b.block_threads}) on {profile.sm_count} SMs{capped}"),
-                ("storage", "none", b.reasons["storage"])]
+                ("storage", "none", b.reasons["storage"])] + (
+                [("heads in flight", str(b.max_accesses_per_thread), b.reasons["heads_in_flight"])]
+                if kernel.kind == "rotary" else [])
         rows += [
             ("threads per row", str(b.threads_per_row), self.widened or b.reasons["threads_per_row"]),
             ("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"]),

@@ -96,3 +96,16 @@ def test_unknown_dtype_and_bad_shape():
         plan_kernel(SPEC, load_profile("sm_90"), "int8")
     with pytest.raises(KgenError, match="rows >= 1 and hidden >= 1"):
         plan_launch(SPEC, load_profile("sm_90"), "float16", rows=0, hidden=8)
+
+
+@pytest.mark.parametrize("op, heads", [("rope", 1), ("rope_interleaved", 2), ("rope3d", 2)])
+def test_rotary_heads_in_flight(op, heads):
+    """rotate_half threads hold cos and sin for both halves: one head in flight keeps their registers
+    low enough for 3 blocks per SM; interleaved pairs keep two heads in flight (measured both ways)."""
+    from kgen.render import render_project, resolve_target
+
+    plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16")
+    assert {b.max_accesses_per_thread for b in plan.buckets} == {heads}
+    assert plan.notes["heads in flight"].startswith(f"{heads} head")
+    source = render_project(resolve_target(op, "sm_90"))[f"{op}_cuda/{op}.cu"]
+    assert ("load(head + 1, v1);" in source) == (heads == 2)

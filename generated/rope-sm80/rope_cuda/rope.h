@@ -7,6 +7,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (rotate_half pairs need a multiple of twice that): the widest global access a thread can issue
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
+//   heads in flight: 1 head in flight per thread: a rotate_half thread holds cos and sin for both halves, and two heads kept 91 registers (25 % occupancy); one head, 72 registers, ran T = 2048 16 % and T = 8192 8 % faster
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block
 //   float16: 8 elem/access, 1 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
 //   bfloat16: 8 elem/access, 1 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)

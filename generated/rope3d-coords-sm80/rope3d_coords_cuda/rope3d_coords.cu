@@ -7,6 +7,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (rotate_half pairs need a multiple of twice that): the widest global access a thread can issue
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
+//   heads in flight: 2 heads in flight per thread, both loaded before either is stored: with interleaved pairs (64 registers) one head at a time ran 10-12 % slower
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
 //   float16: 8 elem/access, 2 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
 //   bfloat16: 8 elem/access, 2 elem/access; 256 threads/block (256 threads per block, each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks)
