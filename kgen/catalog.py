@@ -38,8 +38,7 @@ def ops_dirs() -> list[Path]:
 
 
 def op_names() -> list[str]:
-    names = {p.stem for d in ops_dirs() if d.is_dir() for p in d.glob("*.py") if not p.stem.startswith("_")}
-    return sorted(names)
+    return sorted({p.stem for d in ops_dirs() if d.is_dir() for p in d.glob("*.py") if not p.stem.startswith("_")})
 
 
 def arch_names() -> list[str]:

@@ -62,6 +62,15 @@ class _Model(BaseModel):
 
 hidden, inv_hidden, row_sum = sp.symbols("hidden inv_hidden row_sum")
 BUILTIN_SYMBOLS = {"hidden", "inv_hidden"}
+# What the generated C++ declares beside the spec's names (binding locals and helpers, Args, kernel helpers; found by
+# compiling probe specs) and the suffixes of each tensor's own locals (x_rows, x_row_stride, x4): these don't compile.
+GENERATED_NAMES = {"op", "dtype", "convention", "inplace", "params", "args", "rows", "inner", "batch", "tokens",
+                   "out_shape", "guard", "err", "as_rows", "as_broadcast_rows", "as_bhtd", "check_device", "io_dtype",
+                   "shape_str", "check_capability", "accesses", "fetch", "from_global", "lane", "partial", "row",
+                   "scratch", "col", "per_row", "positions", "stride", "pack", "to_float", "from_float", "load_floats",
+                   "store_floats", "ceil_div", "aligned", "round_to_io", "row_reduce_sum", "for_each_access", "to_pair",
+                   "torch", "ops", "list", "self"}  # the last four: the Python wrapper's and layer's names
+GENERATED_SUFFIXES = ("_rows", "_col", "_in", "_f", "_v", "_regs", "_pair", "_heads", "3", "4", "_stride")
 # rotary: an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second
 cos, sin, sign = sp.symbols("cos sin sign")
 # grid angles: k (a frequency's index), n_freq (how many), coord (an axis coordinate), freq
@@ -266,9 +275,11 @@ class OpSpec(_Model):
         dupes = {n for n in names + stats if (names + stats).count(n) > 1}
         if dupes:
             raise ValueError(f"names must be unique across tensors, halves, params and stats; repeated: {sorted(dupes)}")
-        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"})
+        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"} | GENERATED_NAMES)
+        clash |= {n for n in names for m in names if n != m and n.startswith(m) and n.endswith(GENERATED_SUFFIXES)}
         if clash:
-            raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols")
+            raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols (identifiers of the "
+                             "generated code, or another name plus a suffix the generated code appends)")
         row_inputs = [t for t in self.tensors if t.role == "input" and t.per_row]
         if not row_inputs or row_inputs[0].name != "x" or row_inputs[0].broadcast:
             raise ValueError("an op's first '*rows ...' input must be named 'x' and not broadcast "

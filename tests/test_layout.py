@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
-LINE_BUDGET = 2350  # kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner)
+LINE_BUDGET = 2360  # kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner, 2350 before the generated-name checks)
 
 # module -> the kgen modules it may import
 ALLOWED = {

@@ -90,6 +90,17 @@ CASES = [
      ["structure.reductions.0.finalize: functions ['to_io_dtype'] have no CUDA printing here"]),
     ({"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * sp.I})]'},
      ["structure.conventions.0.outputs.out: functions ['ImaginaryUnit'] have no CUDA printing"]),
+    # names the generated C++ declares beside the spec's (each of these failed to compile before it was refused)
+    ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="op", default=1.0)]'},
+     ["names ['op'] are reserved for kgen's own symbols (identifiers of the generated code"]),
+    ({"tensors": GOOD["tensors"].replace('name="weight"', 'name="params"')},
+     ["names ['params'] are reserved"]),
+    ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="guard", default=1.0)]'},
+     ["names ['guard'] are reserved"]),
+    ({"tensors": GOOD["tensors"].replace('name="weight"', 'name="x_rows"')},
+     ["names ['x_rows'] are reserved", "another name plus a suffix the generated code appends"]),
+    ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="x_row_stride", default=1.0)]'},
+     ["names ['x_row_stride'] are reserved"]),
 ]
 
 
