@@ -69,8 +69,8 @@ GENERATED_NAMES = {"op", "dtype", "convention", "inplace", "params", "args", "ro
                    "shape_str", "check_capability", "accesses", "fetch", "from_global", "lane", "partial", "row",
                    "scratch", "col", "per_row", "positions", "stride", "pack", "to_float", "from_float", "load_floats",
                    "store_floats", "ceil_div", "aligned", "round_to_io", "row_reduce_sum", "for_each_access", "to_pair",
-                   "torch", "ops", "list", "self"}  # the last four: the Python wrapper's and layer's names
-GENERATED_SUFFIXES = ("_rows", "_col", "_in", "_f", "_v", "_regs", "_pair", "_heads", "3", "4", "_stride")
+                   "torch", "ops", "list", "self", "i", "j", "g"}  # torch..self: the Python wrapper's; i, j, g: loops
+GENERATED_SUFFIXES = ("_row", "_rows", "_col", "_in", "_f", "_v", "_regs", "_shared", "_pair", "_heads", "3", "4", "_stride")
 # rotary: an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second
 cos, sin, sign = sp.symbols("cos sin sign")
 # grid angles: k (a frequency's index), n_freq (how many), coord (an axis coordinate), freq
@@ -275,7 +275,8 @@ class OpSpec(_Model):
         dupes = {n for n in names + stats if (names + stats).count(n) > 1}
         if dupes:
             raise ValueError(f"names must be unique across tensors, halves, params and stats; repeated: {sorted(dupes)}")
-        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"} | GENERATED_NAMES)
+        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"} | GENERATED_NAMES  # k: a loop, except in
+                                             | (set() if structure.kind == "rotary" else {"k"}))  # rotary's (args.k)
         clash |= {n for n in names for m in names if n != m and n.startswith(m) and n.endswith(GENERATED_SUFFIXES)}
         if clash:
             raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols (identifiers of the "

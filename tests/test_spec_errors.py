@@ -3,11 +3,14 @@ every bad program has its message)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
 
-from kgen.catalog import KgenError, load_spec
+from kgen.catalog import KgenError, load_spec, op_names
+from kgen.dsl import GENERATED_NAMES, GENERATED_SUFFIXES
+from kgen.render import render_project, resolve_target
 
 GOOD = {
     "name": '"bad"',
@@ -101,6 +104,8 @@ CASES = [
      ["names ['x_rows'] are reserved", "another name plus a suffix the generated code appends"]),
     ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="x_row_stride", default=1.0)]'},
      ["names ['x_row_stride'] are reserved"]),
+    ({"tensors": GOOD["tensors"].replace('name="weight"', 'name="k"')},  # a loop variable of the row kernels
+     ["names ['k'] are reserved"]),
 ]
 
 
@@ -204,3 +209,46 @@ def test_bad_structure_message(ops_dir, overrides, fragment):
 def test_the_good_rotary_spec_loads(ops_dir):
     (ops_dir / "bad.py").write_text(STRUCTURES.format(tensors=TABLES, params="[]", structure=ROTARY, inplace='{"out": "x"}'))
     assert load_spec("bad").structure.kind == "rotary"
+
+
+# A declaration in generated code: a type, then the name (loop variables included).
+DECLARATION = re.compile(
+    r"(?:^|[;({,]\s*|for \()\s*(?:const |constexpr |static |extern |__shared__ |__align__\(\d+\) )*"
+    r"(?:auto|int|int64_t|uint32_t|uint64_t|float|bool|unsigned|Index|Access|T|TT|S|float2|char|uint4|Pack<[^>]*>|"
+    r"std::\w+(?:<[^>]*>)?|torch::Tensor|c10::cuda::CUDAGuard|cudaError_t|kgen_\w+::\w+)\s*[*&]?\s+([a-z_][a-z_0-9]*)"
+    r"\s*(?=[=;\[(,){]|$)", re.M)
+
+
+def bodies(source: str, head: str) -> str:
+    """The bodies of the functions whose definitions match ``head``, braces balanced."""
+    out = []
+    for m in re.finditer(head + r"[^{;]*\{", source):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[i], 0)
+            i += 1
+        out.append(source[m.end():i])
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("op", op_names())
+def test_generated_declarations_cannot_take_a_spec_name(op):
+    """Every identifier the kernels and the binding declare where the spec's names are in scope is
+    one the spec validation reserves (GENERATED_NAMES, or a name plus GENERATED_SUFFIXES): a
+    template that adds a local must reserve it, or a spec using that name would not compile, or
+    would silently read the local instead of its tensor."""
+    spec = load_spec(op)
+    files = render_project(resolve_target(op, "sm_90"))
+    names = {t.name for t in spec.tensors} | {p.name for p in spec.params} | {
+        h for t in spec.tensors if t.halves for h in t.halves} | set(getattr(spec.structure, "prologue", {}))
+    binding = re.sub(r"\[[^\]]*\]\([^)]*\)", "", bodies(files["torch-ext/torch_binding.cpp"], rf"\b{op}_forward\("))
+    while re.search(r"\{[^{}]*\}", binding):  # the binding's inner blocks and lambdas name no spec tensor they
+        binding = re.sub(r"\{[^{}]*\}", ";", binding)  # might shadow: only its outermost declarations count
+    declared = set(DECLARATION.findall(binding))
+    if spec.structure.kind != "rotary":  # rotary kernels reach tensors through args.<name> only
+        declared |= set(DECLARATION.findall(bodies(files[f"{op}_cuda/{op}.cu"], r"__global__")))
+    reserved = GENERATED_NAMES | {"row_sum", "k", "hidden"}
+    derived = {d for d in declared for n in names if d.startswith(n) and d.endswith(GENERATED_SUFFIXES)}
+    assert declared, "no declarations found: the pattern no longer matches the generated code"
+    loose = sorted(declared - reserved - derived - names)
+    assert not loose, f"{op}: generated code declares {loose} beside the spec's names; add them to GENERATED_NAMES"
