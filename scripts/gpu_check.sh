@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU half of verification, on a CUDA machine: the `gpu` test suite, `kgen tune` for TUNE_OPS
+# The GPU half of verification, on a CUDA machine: the `gpu` test suite, scripts/sanitize.sh when
+# SANITIZE=1, `kgen tune` for TUNE_OPS
 # (default: none; the table lands in arch/tuning/ and in $OUT), then `kgen bench $BENCH_ARGS` for
 # BENCH_OPS (default: every op, with SUMMARY.md). Everything lands in $OUT (default ./gpu-out): results.tgz holds
 # the logs, the JUnit report and each op's bench JSON and Markdown table. Wheels for packages the
@@ -26,6 +27,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest tests -m gpu -p no:cacheprovider -q -rfEs -o junit_family=xunit1 --junitxml="$RAW/gpu-junit.xml" ${PYTEST_ARGS:-} \
     2>&1 | tee "$RAW/gpu-tests.log" | grep -v "^DEBUG"
   status=${PIPESTATUS[0]}
+fi
+if [ "${SANITIZE:-0}" = 1 ]; then  # compute-sanitizer's four tools over the deterministic tests
+  OUT="$RAW/sanitize" scripts/sanitize.sh || status=1
 fi
 for op in ${TUNE_OPS:-}; do
   python3 -m kgen tune "$op" --arch "$ARCH" --build-dir /tmp/kgen-tune 2>&1 | tee "$RAW/tune-$op.log"
