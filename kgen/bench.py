@@ -118,11 +118,11 @@ class Timer:
         self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         self.captured: dict = {}  # fn -> its graph's replay (captured once per fn)
 
-    def median_us(self, fn) -> float:
+    def median_us(self, fn, graphs: bool | None = None) -> float:
         torch = self.torch
         for _ in range(5):
             fn()
-        if self.graphs:
+        if self.graphs if graphs is None else graphs:
             if fn not in self.captured:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
@@ -145,7 +145,7 @@ class Timer:
         copy engines at 2.8 TB/s against 4.3 TB/s (H200), no ceiling for kernels."""
         src = self.torch.empty(max(1, traffic_bytes // 2), dtype=self.torch.uint8, device="cuda")
         dst = self.torch.empty_like(src)
-        return Timer(self.torch, self.repeats).median_us(lambda: dst.copy_(src))
+        return self.median_us(lambda: dst.copy_(src), graphs=False)
 
     def rounds_us(self, fns: dict, rounds: int) -> dict[str, list[float]]:
         """Each implementation's median per round, implementations interleaved within a round."""

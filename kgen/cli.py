@@ -174,9 +174,8 @@ def bench(
         run_bench(name, out=out, repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype),
                   rounds=rounds, graphs=graphs)
     suffix = "-graphs" if graphs else ""
-    results = [json.loads((out / f"{name}{suffix}.json").read_text()) for name in op_names()
-               if (out / f"{name}{suffix}.json").is_file()]  # written by this harness: rows with bars
-    (out / f"SUMMARY{suffix}.md").write_text(summary([r for r in results if "bars" in r["rows"][0]]))
+    results = [json.loads(p.read_text()) for p in (out / f"{n}{suffix}.json" for n in op_names()) if p.is_file()]
+    (out / f"SUMMARY{suffix}.md").write_text(summary([r for r in results if "bars" in r["rows"][0]]))  # this harness's
     console.print(f"wrote {out / f'SUMMARY{suffix}.md'}")
 
 

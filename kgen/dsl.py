@@ -275,8 +275,8 @@ class OpSpec(_Model):
         dupes = {n for n in names + stats if (names + stats).count(n) > 1}
         if dupes:
             raise ValueError(f"names must be unique across tensors, halves, params and stats; repeated: {sorted(dupes)}")
-        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"} | GENERATED_NAMES  # k: a loop, except in
-                                             | (set() if structure.kind == "rotary" else {"k"}))  # rotary's (args.k)
+        loop_k = set() if structure.kind == "rotary" else {"k"}  # row kernels' loop; rotary kernels read args.k
+        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"} | GENERATED_NAMES | loop_k)
         clash |= {n for n in names for m in names if n != m and n.startswith(m) and n.endswith(GENERATED_SUFFIXES)}
         if clash:
             raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols (identifiers of the "

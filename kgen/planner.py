@@ -23,10 +23,11 @@ class Bucket:
     elems_per_access: int
     threads_per_row: int
     rows_per_block: int
-    max_accesses_per_thread: int  # the register array length (registers storage); rotary: heads in flight
+    max_accesses_per_thread: int  # the register array length (registers storage only)
     storage: str  # "registers" | "shared" | "global"
     columns_fit: bool  # per-column inputs fit in registers beside the row (loaded with it in one-wave grids)
     reasons: dict[str, str] = field(compare=False, hash=False)
+    heads_in_flight: int = 1  # rotary: heads a thread loads before it stores the first
 
     @property
     def block_threads(self) -> int:
@@ -100,21 +101,21 @@ def _plan_elementwise(spec: OpSpec, profile: ArchProfile, dtype: str, tuned: tup
                                   "position (profile planner.block_threads); rows are flattened",
                "rows_per_block": "rows are flattened: a block covers consecutive positions",
                "storage": "nothing kept: each element is read once and written once"}
+    interleaved = kind == "rotary" and spec.structure.pairing == "interleaved"  # pairs in one access
+    heads = 2 if interleaved else 1  # rotary: measured on the H200, bf16, q [1, 32, T, 128], k 8 heads
     if kind == "rotary":
         reasons["threads_per_row"] = (f"{threads} threads per block, each one access of a token's channels in "
                                       "every head (cos and sin fetched once per token), unless that leaves fewer "
                                       "threads than one full wave: then heads are split in chunks")
-    if tuned:
-        reasons["threads_per_row"] = tuned[1] + " (threads per block)"
-    scalar = 2 if kind == "rotary" and spec.structure.pairing == "interleaved" else 1
-    heads = 1 if kind == "rotary" and spec.structure.pairing == "half" else 2 if kind == "rotary" else 1
-    if kind == "rotary":  # measured: H200, bf16, q [1, 32, T, 128] and k [1, 8, T, 128] (BENCHMARKS.md)
         reasons["heads_in_flight"] = (
             "1 head in flight per thread: a rotate_half thread holds cos and sin for both halves, and two heads kept "
             "91 registers (25 % occupancy); one head, 72 registers, ran T = 2048 16 % and T = 8192 8 % faster"
             if heads == 1 else "2 heads in flight per thread, both loaded before either is stored: with interleaved "
             "pairs (64 registers) one head at a time ran 10-12 % slower")
-    buckets = [Bucket(None, n, threads, 1, heads, "global", False, reasons) for n in (VECTOR_BYTES // elem, scalar)]
+    if tuned:
+        reasons["threads_per_row"] = tuned[1] + " (threads per block)"
+    scalar = 2 if interleaved else 1
+    buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons, heads) for n in (VECTOR_BYTES // elem, scalar)]
     what = "each half of a packed one" if kind == "elementwise" else "rotate_half pairs need a multiple of twice that"
     notes = {
         "vector path": f"{VECTOR_BYTES}-byte accesses ({VECTOR_BYTES // elem} × {dtype}) when every tensor "
@@ -225,7 +226,7 @@ class LaunchPlan:
                 ("grid", f"{self.grid} blocks", f"ceil({self.rows} × {self.hidden} / {b.elems_per_access} accesses / "
                  f"{b.block_threads}) on {profile.sm_count} SMs{capped}"),
                 ("storage", "none", b.reasons["storage"])] + (
-                [("heads in flight", str(b.max_accesses_per_thread), b.reasons["heads_in_flight"])]
+                [("heads in flight", str(b.heads_in_flight), b.reasons["heads_in_flight"])]
                 if kernel.kind == "rotary" else [])
         rows += [
             ("threads per row", str(b.threads_per_row), self.widened or b.reasons["threads_per_row"]),

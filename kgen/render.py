@@ -265,7 +265,7 @@ def _context(target: Target) -> dict:
                    "vector_elems": 16 // kp.elem_bytes, "buckets": kp.buckets,
                    "register_buckets": [b for b in kp.buckets if b.storage == "registers"],
                    "tolerance": SMOKE_TOLERANCE[kp.dtype]} for kp in plans],
-        "plan_lines": plan_lines(plans), "heads_in_flight": plans[0].buckets[0].max_accesses_per_thread,
+        "plan_lines": plan_lines(plans), "heads_in_flight": plans[0].buckets[0].heads_in_flight,
         "plan_markdown": "```\n" + "\n".join(plan_lines(plans)) + "\n```",
         "out_args": ", ".join(f"float& {t.name}_out" for t in spec.outputs),
         "out_elems": ", ".join(f"{t.name}_f[j]" for t in spec.outputs),

@@ -19,19 +19,19 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-METRICS = {
-    "gpu__time_duration.sum": "µs",
-    "dram__bytes_read.sum": "DRAM read MB",
-    "dram__bytes_write.sum": "DRAM write MB",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % peak",
-    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy %",
-    "sm__maximum_warps_per_active_cycle_pct": "theoretical occupancy %",
-    "launch__waves_per_multiprocessor": "waves",
-    "launch__registers_per_thread": "registers",
-    "launch__grid_size": "blocks",
-    "launch__block_size": "threads",
-    "smsp__inst_executed.sum": "instructions (M)",
-    "lts__t_sector_hit_rate.pct": "L2 hit %",
+METRICS = {  # metric -> (column, the factor from ncu's base unit: ns, bytes, counts)
+    "gpu__time_duration.sum": ("µs", 1e-3),
+    "dram__bytes_read.sum": ("DRAM read MB", 1e-6),
+    "dram__bytes_write.sum": ("DRAM write MB", 1e-6),
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM % peak", 1),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved occupancy %", 1),
+    "sm__maximum_warps_per_active_cycle_pct": ("theoretical occupancy %", 1),
+    "launch__waves_per_multiprocessor": ("waves", 1),
+    "launch__registers_per_thread": ("registers", 1),
+    "launch__grid_size": ("blocks", 1),
+    "launch__block_size": ("threads", 1),
+    "smsp__inst_executed.sum": ("instructions (M)", 1e-6),
+    "lts__t_sector_hit_rate.pct": ("L2 hit %", 1),
 }
 
 
@@ -88,19 +88,13 @@ def parse(csv_text: str) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["op", "shape", "MB counted", *METRICS.values()]
+    head = ["op", "shape", "MB counted", *(column for column, _ in METRICS.values())]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["op"], r["shape"], f"{r['counted'] / 1e6:.1f}"]
-        for metric in METRICS:
+        for metric, (_, factor) in METRICS.items():
             v = r.get(metric)
-            if metric == "gpu__time_duration.sum":
-                v = v / 1e3 if isinstance(v, float) else v  # ns -> µs
-            elif metric.startswith("dram__bytes"):
-                v = v / 1e6 if isinstance(v, float) else v
-            elif metric == "smsp__inst_executed.sum":
-                v = v / 1e6 if isinstance(v, float) else v
-            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v or ""))
+            cells.append(f"{v * factor:.3g}" if isinstance(v, float) else str(v or ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

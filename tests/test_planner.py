@@ -105,7 +105,7 @@ def test_rotary_heads_in_flight(op, heads):
     from kgen.render import render_project, resolve_target
 
     plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16")
-    assert {b.max_accesses_per_thread for b in plan.buckets} == {heads}
+    assert {b.heads_in_flight for b in plan.buckets} == {heads}
     assert plan.notes["heads in flight"].startswith(f"{heads} head")
     source = render_project(resolve_target(op, "sm_90"))[f"{op}_cuda/{op}.cu"]
     assert ("load(head + 1, v1);" in source) == (heads == 2)
