@@ -1,9 +1,8 @@
 """The op-spec DSL: what an op computes, never how it is scheduled.
 
-An op spec (one module in ops/) declares its tensors, scalar params, the math as
-sympy expressions, its structure, its PyTorch reference and the layers it
-replaces. Everything here is validated with pydantic when the spec module is
-loaded, so a malformed spec fails with the spec, the field and what was expected.
+An op spec (one module in ops/) declares its tensors, scalar params, the math as sympy expressions, its structure,
+its PyTorch reference and the layers it replaces. Everything here is validated with pydantic when the spec module
+is loaded, so a malformed spec fails with the spec, the field and what was expected.
 
 Symbols an expression may use:
 - a tensor's name stands for that tensor's element at the current position (fp32);
@@ -476,4 +475,4 @@ def _check_symbols(expr: sp.Expr, allowed: set[str], where: str, rounds: bool = 
 REFERENCE_GLOBALS = {"torch", "F", "math"}  # torch.nn.functional as F
 _NODES = (sp.Symbol, sp.Number, sp.NumberSymbol, sp.Add, sp.Mul, sp.Pow, sp.UnevaluatedExpr, sp.Rel, sp.And, sp.Or,
           sp.Not, sp.ITE, sp.logic.boolalg.BooleanAtom, sp.functions.elementary.piecewise.ExprCondPair)  # and these:
-SUPPORTED_FUNCTIONS = {"to_io_dtype", "exp", "log", "tanh", "erf", "sqrt", "Abs", "Max", "Min", "Piecewise", "floor"}
+SUPPORTED_FUNCTIONS = set("to_io_dtype exp log tanh erf sqrt Abs Max Min Piecewise floor re".split())

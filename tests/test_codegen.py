@@ -30,3 +30,9 @@ def test_common_subexpressions_are_shared():
     lines = statements({"a": x * shared, "b": w * shared}, {})
     assert lines[0].startswith("const float t0 = ")
     assert lines[1:] == ["a = t0*x;", "b = t0*w;"]
+
+
+def test_real_parts_sympy_introduces_print_as_the_value():
+    # sympy's symbols may be complex: it rewrites |exp(x)| as exp(re(x)); every kernel value is real
+    assert statements({"a": sp.Abs(sp.exp(x))}, {}) == ["a = expf((x));"]
+    assert statements({"b": sp.Abs(2**x)}, {}) == ["b = powf(2, (x));"]
