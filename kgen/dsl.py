@@ -234,15 +234,19 @@ class RowReduce(_Model):
 
 
 class Layer(_Model):
-    """A `kernels` layer: a stateless nn.Module whose forward replaces ``replaces``.
-    ``bind`` maps each op argument to a forward argument or an attribute of the
-    replaced module (``self.weight``)."""
+    """A `kernels` layer: a stateless nn.Module whose forward replaces ``replaces``. ``bind`` maps each op argument
+    to a forward argument, an attribute of the replaced module (``self.weight``) or a submodule applied to a forward
+    argument (``self.gate_proj(x)``); ``returns`` is a submodule the op's output goes through (``self.down_proj``);
+    ``condition`` (the replaced module -> bool) picks the instances whose forward the layer computes."""
 
     name: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]{0,39}$")]
     replaces: list[Annotated[str, Field(pattern=DOTTED_PATH)]] = Field(min_length=1)
     forward_args: list[Identifier] = Field(min_length=1)
-    bind: dict[str, Annotated[str, _check(re.compile(r"(self\.)?[a-z_][a-z0-9_]*").fullmatch,
-                                          "a forward argument or 'self.<attribute>'")]]
+    bind: dict[str, Annotated[str, _check(re.compile(r"(self\.)?[a-z_][a-z0-9_]*|self\.[a-z_][a-z0-9_]*\([a-z_][a-z0-9_]*\)"
+                                                     ).fullmatch, "a forward argument, 'self.<attribute>' or "
+                                                                  "'self.<submodule>(<forward argument>)'")]]
+    returns: Annotated[str, Field(pattern=r"^self\.[a-z_][a-z0-9_]*$")] | None = None
+    condition: Callable[[Any], bool] | None = None
     convention: Identifier
 
 
@@ -356,6 +360,10 @@ class OpSpec(_Model):
             if not required <= set(layer.bind) or not set(layer.bind) <= op_args:
                 raise ValueError(f"layers.{i}.bind: expected keys {sorted(op_args)} (every input), "
                                  f"got {sorted(layer.bind)}")
+            args = {re.sub(r"^self\.\w+\((\w+)\)$", r"\1", v) for v in layer.bind.values() if "self." not in v or "(" in v}
+            if not args <= set(layer.forward_args):
+                raise ValueError(f"layers.{i}.bind: {sorted(args - set(layer.forward_args))} are not forward arguments "
+                                 f"{layer.forward_args}")
         return self
 
     def _check_rotary(self, columns: set[str]) -> set[str]:

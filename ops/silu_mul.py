@@ -8,7 +8,7 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from kgen.dsl import Convention, Elementwise, OpSpec, Tensor, to_io_dtype
+from kgen.dsl import Convention, Elementwise, Layer, OpSpec, Tensor, to_io_dtype
 
 x, up = sp.symbols("x up")
 silu = x / (1 + sp.exp(-x))
@@ -27,6 +27,11 @@ def silu_mul_ref(x: torch.Tensor, up: torch.Tensor, convention: str = "single_ro
 def transformers_mlp_activation(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """LlamaMLP: act_fn(gate_proj(x)) * up_proj(x)."""
     return F.silu(x) * up
+
+
+def silu_activation(mlp: torch.nn.Module) -> bool:
+    """The MLP's act_fn is SiLU (config.hidden_act "silu"): the only MLPs the layer's forward computes."""
+    return type(getattr(mlp, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
 
 
 def liger_silu_mul(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -53,4 +58,11 @@ spec = OpSpec(
     reference=silu_mul_ref,
     peers={"eager (transformers MLP activation)": transformers_mlp_activation,
            "Liger (LigerSiLUMulFunction)": liger_silu_mul},
+    layers=[
+        Layer(name="GatedMLP",
+              replaces=["transformers.models.llama.modeling_llama.LlamaMLP",
+                        "transformers.models.qwen3.modeling_qwen3.Qwen3MLP"],
+              forward_args=["x"], bind={"x": "self.gate_proj(x)", "up": "self.up_proj(x)"}, returns="self.down_proj",
+              condition=silu_activation, convention="transformers"),
+    ],
 )

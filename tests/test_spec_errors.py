@@ -71,7 +71,14 @@ CASES = [
      ["names must be unique across tensors, halves, params and stats; repeated: ['rstd']"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
                 'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'},
-     ["Layer.bind.weight: Value error, must be a forward argument or 'self.<attribute>' (got 'self.weight; import os')"]),
+     ["Layer.bind.weight: Value error, must be a forward argument, 'self.<attribute>' or "
+      "'self.<submodule>(<forward argument>)' (got 'self.weight; import os')"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
+                'bind={"x": "self.proj(hidden)", "weight": "w"})]'},
+     ["layers.0.bind: ['hidden', 'w'] are not forward arguments ['h']"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
+                'bind={"x": "self.proj(h)", "weight": "self.weight"}, returns="self.out(h)")]'},
+     ["Layer.returns: String should match pattern"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="fast", '
                 'bind={"x": "h", "weight": "self.weight"})]'},
      ["layers.0.convention: 'fast' is not one of ['plain']"]),
