@@ -7,7 +7,9 @@ import ast
 from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
-LINE_BUDGET = 2360  # kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner, 2350 before the generated-name checks)
+# kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner, 2350 before the
+# generated-name checks, 2360 before the model integrations)
+LINE_BUDGET = 2600
 
 # module -> the kgen modules it may import
 ALLOWED = {
@@ -20,21 +22,30 @@ ALLOWED = {
     "tune": {"bench", "catalog", "builder", "planner", "profile", "render"},
     "cli": {"catalog", "render", "planner", "builder", "bench", "tune"},
     "__main__": {"cli"}, "__init__": set(),
+    # the models' side: they build and load projects, nothing in kgen imports them
+    "integrations.__init__": set(),
+    "integrations.transformers": {"builder", "catalog", "render"},
 }
 
 
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(KGEN).with_suffix("").parts)
+
+
 def kgen_imports(path: Path) -> set[str]:
-    found = set()
+    """The kgen modules a file imports, as ALLOWED names them (a package's own __init__ included)."""
+    found, package = set(), path.relative_to(KGEN).parent.parts
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found.add(node.module or "__init__")
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = package[:len(package) - (node.level - 1)]
+            found.add(".".join((*base, node.module)) if node.module else ".".join((*base, "__init__")))
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("kgen"):
             found.add(node.module.split(".", 1)[1] if "." in node.module else "__init__")
     return found
 
 
 def test_arrows_point_one_way():
-    modules = {p.stem: p for p in KGEN.glob("*.py")}
+    modules = {module_name(p): p for p in KGEN.rglob("*.py")}
     assert set(modules) == set(ALLOWED), "a new module needs its place in ALLOWED"
     for name, path in modules.items():
         extra = kgen_imports(path) - ALLOWED[name]
@@ -42,6 +53,5 @@ def test_arrows_point_one_way():
 
 
 def test_line_budget():
-    lines = sum(len(p.read_text().splitlines()) for p in KGEN.glob("*.py"))
+    lines = sum(len(p.read_text().splitlines()) for p in KGEN.rglob("*.py"))
     assert lines <= LINE_BUDGET, f"kgen/ has {lines} lines, over its budget of {LINE_BUDGET}"
-

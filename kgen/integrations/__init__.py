@@ -1,0 +1,1 @@
+"""kgen's kernels in real models: transformers (through `kernels.kernelize`) and diffusers."""

@@ -1,0 +1,160 @@
+"""kgen's layers in transformers models through `kernels.kernelize` (kgen.integrations.transformers).
+
+Without a GPU the real libraries are built and loaded, and each op gets a CPU kernel computed by its spec's
+reference (in the model dtype): the marking, the mapping, the layers' bindings, the outputs and torch.compile
+tracing are all checked, everything but the CUDA kernels (which tests/test_ops_gpu.py checks). On a GPU the same
+checks run on the real kernels, with the Qwen3-8B and Llama-3-8B configs (two layers).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from kgen.builder import build_project, load  # noqa: E402
+from kgen.catalog import KgenError, load_spec  # noqa: E402
+from kgen.integrations.transformers import OPS, kernelize  # noqa: E402
+from kgen.render import resolve_target, write_project  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, max_position_embeddings=40960)
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                 num_key_value_heads=8, rms_norm_eps=1e-5)
+SMALL = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=128)  # head_dim 128 as Qwen3's q_norm / k_norm
+pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
+
+
+@pytest.fixture(scope="module")
+def served_ops(build_root, monkeypatch_module):
+    """The arch to build for and {op name in its library: calls}. On a GPU: the device's arch, the real kernels.
+    On a CPU: sm_90, each op computed by its spec's reference (in the model dtype)."""
+    calls, libraries = Counter(), []
+    if GPU:
+        yield None, calls
+        return
+    import kernels.layer.repos
+
+    monkeypatch_module.setattr(kernels.layer.repos, "_find_capability", lambda: 90)  # kernels picks by capability
+    for op in OPS:
+        target = resolve_target(op, "sm_90")
+        project = write_project(target, build_root)
+        build_project(project, target)
+        library = torch.library.Library(load(project)._ops.ops.name, "IMPL")
+        libraries.append(library)
+        spec = load_spec(op)
+        for layer in spec.layers:
+            name = f"{op}_{layer.convention}"
+
+            def cpu(*args, name=name, reference=spec.reference, convention=layer.convention):
+                calls[name] += 1
+                return reference(*args, convention=convention).to(args[0].dtype)
+
+            library.impl(name, cpu, "CPU")
+    yield "sm_90", calls
+    for library in libraries:  # the C++ CPU kernels (which refuse CPU tensors) again
+        library._destroy()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def model_of(kind: str, config: dict, layers: int = 2, **extra):
+    torch.manual_seed(0)
+    if kind == "qwen3":
+        cfg, cls = transformers.Qwen3Config(**config, num_hidden_layers=layers, **extra), transformers.Qwen3ForCausalLM
+    else:
+        cfg, cls = transformers.LlamaConfig(**config, num_hidden_layers=layers, **extra), transformers.LlamaForCausalLM
+    with torch.device(DEVICE):
+        return cls(cfg).eval()
+
+
+def logits(model, ids, dtype):
+    with torch.no_grad():
+        return model.to(dtype)(ids).logits.double()
+
+
+def check_logits_match(kind, config, served_ops, root, tokens=32):
+    """kgen's bf16 logits are as close to the fp32 model's as transformers' own bf16 logits are."""
+    arch, calls = served_ops
+    model = model_of(kind, config)
+    ids = torch.randint(0, config["vocab_size"], (2, tokens), device=DEVICE)
+    truth = logits(model, ids, torch.float32)
+    eager = logits(model, ids, torch.bfloat16)
+    served = kernelize(model, arch=arch, root=root)
+    prefix = type(model).__name__.removesuffix("ForCausalLM")
+    norms = [n for n, m in model.named_modules() if type(m).__name__ == f"{prefix}RMSNorm"]
+    mlps = [n for n, m in model.named_modules() if type(m).__name__ == f"{prefix}MLP"]
+    assert served == {**{n: "rmsnorm.RMSNorm" for n in norms}, **{n: "silu_mul.GatedMLP" for n in mlps}}
+    if kind == "qwen3":
+        assert "model.layers.1.self_attn.q_norm" in served and "model.layers.1.self_attn.k_norm" in served
+    before = calls.copy()
+    kgen = logits(model, ids, torch.bfloat16)
+    if not GPU:
+        assert calls["rmsnorm_transformers"] - before["rmsnorm_transformers"] == len(norms)
+        assert calls["silu_mul_transformers"] - before["silu_mul_transformers"] == len(mlps)
+    eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
+    assert kgen_err <= 1.5 * eager_err + 1e-3, f"kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
+    assert torch.isfinite(kgen).all()
+    return model, ids
+
+
+def test_qwen3_every_rmsnorm_and_the_mlp_served_logits_match(served_ops, build_root):
+    check_logits_match("qwen3", QWEN3_8B if GPU else SMALL, served_ops, build_root)
+
+
+def test_llama_every_rmsnorm_and_the_mlp_served_logits_match(served_ops, build_root):
+    config = LLAMA3_8B if GPU else {k: v for k, v in SMALL.items() if k != "head_dim"}
+    check_logits_match("llama", config, served_ops, build_root)
+
+
+def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
+    model = model_of("qwen3", SMALL, layers=1, hidden_act="gelu_pytorch_tanh")
+    served = kernelize(model, arch=served_ops[0], root=build_root)
+    assert "model.layers.0.mlp" not in served and "model.layers.0.input_layernorm" in served
+    assert model.model.layers[0].mlp.forward.__func__ is transformers.models.qwen3.modeling_qwen3.Qwen3MLP.forward
+
+
+def test_a_model_it_does_not_know_is_refused(served_ops, build_root):
+    with pytest.raises(KgenError, match=r"Sequential: no module is one that kgen's rmsnorm, silu_mul layers replace "
+                                        r"\(.*LlamaRMSNorm.*Qwen3MLP"):
+        kernelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), arch=served_ops[0], root=build_root)
+
+
+def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
+    model, ids = check_logits_match("qwen3", SMALL, served_ops, build_root, tokens=16)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(ids)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    code = "".join(g.code for g in explained.graphs)
+    assert "rmsnorm_transformers" in code and "silu_mul_transformers" in code  # in the graph, not around it
+    eager = logits(model, ids, torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)(ids).logits.double()
+    assert (compiled - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a CUDA device")
+def test_reduce_overhead_captures_and_replays(served_ops, build_root):
+    from torch._dynamo.utils import counters
+
+    model, ids = check_logits_match("qwen3", SMALL, served_ops, build_root, tokens=16)
+    eager = logits(model, ids, torch.bfloat16)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        outs = [compiled(ids).logits.double().clone() for _ in range(4)]  # warm-up, record, replays
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    for out in outs:
+        assert (out - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
