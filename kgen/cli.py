@@ -161,12 +161,21 @@ def bench(
     graphs: Annotated[bool, typer.Option("--graphs", help="time CUDA-graph replays (no host overhead)")] = False,
     build_dir: Annotated[Path, typer.Option("--build-dir", help="project root to build into")] = Path("build/bench"),
     dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+    e2e: Annotated[Optional[str], typer.Option("--e2e", help="ltx or qwen3: the whole model, eager and compiled, "
+                                                              "with and without kgen")] = None,
 ) -> None:
     """Time the kgen kernel against the op's peers (eager, PyTorch's fused op, Liger) and torch.compile on this GPU."""
     from .bench import run_bench, summary
 
+    if e2e is not None:
+        from .integrations.e2e import run_e2e, write
+
+        path = write(run_e2e(e2e, rounds=rounds, repeats=min(repeats, 20), build_root=build_dir,
+                             log=console.print), out)
+        console.print(path.read_text())
+        return
     if (op is None) == (not all_ops):
-        raise KgenError("name one op or pass --all")
+        raise KgenError("name one op, pass --all, or --e2e ltx|qwen3")
     ops = op_names() if all_ops else [op]
     for i, name in enumerate(ops, 1):
         if all_ops:

@@ -4,6 +4,7 @@ KGEN_REQUIRE_TOOLCHAIN=1 (CI sets it) turns the skip into a failure."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kgen.builder import build_project, device_arch, load
+from kgen.builder import build_project, device_arch, load, variant_name
 from kgen.render import resolve_target, write_project
 
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
@@ -55,3 +56,48 @@ def built(build_root):
         return cache[op, arch]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def reference_kernels(build_root):
+    """reference_kernels(ops) -> {op name in its library: calls}: on a machine without a GPU, builds each op for
+    sm_90 and gives each of its ops (one per convention) a CPU kernel computed by the spec's reference in the
+    input dtype, so a model integration runs end to end on real libraries; and lets `kernels` pick the sm_90
+    mapping. The C++ CPU kernels (which refuse CPU tensors) come back at the module's end."""
+    import inspect
+    from collections import Counter
+
+    import kernels.layer.repos
+
+    from kgen.catalog import load_spec
+
+    calls, libraries, patch = Counter(), [], pytest.MonkeyPatch()
+
+    def register(ops):
+        patch.setattr(kernels.layer.repos, "_find_capability", lambda: 90)
+        for op in ops:
+            target = resolve_target(op, "sm_90")
+            project = write_project(target, build_root)
+            build_project(project, target)
+            load(project)  # registers the library's ops, named by its metadata's id
+            name = json.loads((project / "build" / variant_name() / "metadata.json").read_text())["id"]
+            library = torch.library.Library(name, "IMPL")
+            libraries.append(library)
+            spec = load_spec(op)
+            takes_convention = "convention" in inspect.signature(spec.reference).parameters
+            for i, convention in enumerate(spec.structure.conventions):
+                name = op if i == 0 else f"{op}_{convention.name}"
+
+                def cpu(*args, name=name, convention=convention.name, reference=spec.reference):
+                    calls[name] += 1
+                    out = reference(*args, **({"convention": convention} if takes_convention else {}))
+                    cast = args[0].dtype
+                    return tuple(o.to(cast) for o in out) if isinstance(out, tuple) else out.to(cast)
+
+                library.impl(name, cpu, "CPU")
+        return calls
+
+    yield register
+    for library in libraries:
+        library._destroy()
+    patch.undo()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
 # kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner, 2350 before the
-# generated-name checks, 2360 before the model integrations)
-LINE_BUDGET = 2600
+# generated-name checks, 2360 before the model integrations and the whole-model benchmark)
+LINE_BUDGET = 2800
 
 # module -> the kgen modules it may import
 ALLOWED = {
@@ -20,11 +20,13 @@ ALLOWED = {
     "builder": {"catalog", "profile", "render"},
     "bench": {"catalog", "builder", "render"},
     "tune": {"bench", "catalog", "builder", "planner", "profile", "render"},
-    "cli": {"catalog", "render", "planner", "builder", "bench", "tune"},
+    "cli": {"catalog", "render", "planner", "builder", "bench", "tune", "integrations.e2e"},
     "__main__": {"cli"}, "__init__": set(),
     # the models' side: they build and load projects, nothing in kgen imports them
-    "integrations.__init__": set(),
-    "integrations.transformers": {"builder", "catalog", "render"},
+    "integrations.__init__": {"builder", "render"},
+    "integrations.transformers": {"builder", "catalog", "integrations.__init__"},
+    "integrations.diffusers": {"builder", "catalog", "integrations.__init__"},
+    "integrations.e2e": {"catalog", "integrations.diffusers", "integrations.transformers"},
 }
 
 

@@ -15,10 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from kgen.builder import build_project, load  # noqa: E402
-from kgen.catalog import KgenError, load_spec  # noqa: E402
+from kgen.catalog import KgenError  # noqa: E402
 from kgen.integrations.transformers import OPS, kernelize  # noqa: E402
-from kgen.render import resolve_target, write_project  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -32,40 +30,10 @@ pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
 
 
 @pytest.fixture(scope="module")
-def served_ops(build_root, monkeypatch_module):
-    """The arch to build for and {op name in its library: calls}. On a GPU: the device's arch, the real kernels.
-    On a CPU: sm_90, each op computed by its spec's reference (in the model dtype)."""
-    calls, libraries = Counter(), []
-    if GPU:
-        yield None, calls
-        return
-    import kernels.layer.repos
-
-    monkeypatch_module.setattr(kernels.layer.repos, "_find_capability", lambda: 90)  # kernels picks by capability
-    for op in OPS:
-        target = resolve_target(op, "sm_90")
-        project = write_project(target, build_root)
-        build_project(project, target)
-        library = torch.library.Library(load(project)._ops.ops.name, "IMPL")
-        libraries.append(library)
-        spec = load_spec(op)
-        for layer in spec.layers:
-            name = f"{op}_{layer.convention}"
-
-            def cpu(*args, name=name, reference=spec.reference, convention=layer.convention):
-                calls[name] += 1
-                return reference(*args, convention=convention).to(args[0].dtype)
-
-            library.impl(name, cpu, "CPU")
-    yield "sm_90", calls
-    for library in libraries:  # the C++ CPU kernels (which refuse CPU tensors) again
-        library._destroy()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+def served_ops(reference_kernels):
+    """The arch to build for and {op name in its library: calls}: on a GPU the device's arch and the real kernels;
+    on a CPU sm_90 and each op computed by its spec's reference."""
+    return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS))
 
 
 def model_of(kind: str, config: dict, layers: int = 2, **extra):

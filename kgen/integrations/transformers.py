@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..builder import build_project, device_arch
+from ..builder import device_arch
 from ..catalog import KgenError, load_spec
-from ..render import resolve_target, write_project
+from . import built
 
 OPS = ("rmsnorm", "silu_mul")  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP
 
@@ -23,8 +23,7 @@ def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, roo
     """Replaces the forward of every module of ``model`` that a layer of ``ops`` replaces (and whose condition
     holds) with that layer's, from ``root/<op>-<arch>`` (written and built when missing or stale). Returns
     {module name: "<op>.<layer>"} for the modules now served; refuses a model none of whose modules is known."""
-    from kernels import (KernelizeFallback, LocalLayerRepository, Mode, replace_kernel_forward_from_hub,
-                         use_kernel_mapping)
+    from kernels import LocalLayerRepository, Mode, replace_kernel_forward_from_hub, use_kernel_mapping
     from kernels import kernelize as kernels_kernelize
 
     arch = arch or device_arch()
@@ -35,9 +34,7 @@ def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, roo
             found = [classes[path] for path in layer.replaces if path in classes]
             if not found:
                 continue
-            target = resolve_target(op, arch)
-            project = write_project(target, root)
-            build_project(project, target, step)
+            project = built(op, arch, root, step)
             for cls in found:
                 name = getattr(cls, "kernel_layer_name", None) or layer.name
                 replace_kernel_forward_from_hub(cls, name, layer.condition)
@@ -48,7 +45,6 @@ def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, roo
         raise KgenError(f"{type(model).__name__}: no module is one that kgen's {', '.join(ops)} layers replace "
                         f"({', '.join(known)})")
     with use_kernel_mapping(mapping, inherit_mapping=False):
-        kernels_kernelize(model, mode=mode or Mode.INFERENCE, device="cuda",
-                          use_fallback=KernelizeFallback.DEFAULT & ~KernelizeFallback.NO_COMPATIBLE_MODE)
+        kernels_kernelize(model, mode=mode or Mode.INFERENCE, device="cuda", use_fallback=True)
     return {name: layers[type(m)] for name, m in model.named_modules()
             if type(m) in layers and getattr(m.forward, "__func__", None) is not type(m).forward}

@@ -1,0 +1,175 @@
+"""Runs a diffusers LTX-Video transformer (`LTXVideoTransformer3DModel`) on kgen's kernels.
+
+In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm; attn2's residual add, norm2 and its
+modulation -> residual_adaln_rmsnorm (one pass over the residual stream); in each attention, norm_q and norm_k
+(torch.nn.RMSNorm across heads) -> rmsnorm, and in self-attention the 3D rotary embedding -> rope3d_qk, q and k in
+one launch with the angles computed in the kernel from the latent grid (rope3d_coords from video_coords), so the
+model's rope no longer builds its two fp32 [B, S, C] tables; the FeedForward's GELU(approximate="tanh") ->
+gelu_tanh. Numerics: diffusers' own roundings (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k
+norms, fp32 rotation rounded once as diffusers' apply_rotary_emb). Modules are matched by class name (diffusers'
+RMSNorm is not torch.nn.RMSNorm) and the whole structure is checked before anything changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MethodType
+from typing import Any, Callable, NamedTuple
+
+from ..builder import device_arch, load
+from ..catalog import KgenError
+from . import built
+
+OPS = ("adaln_rmsnorm", "residual_adaln_rmsnorm", "rmsnorm", "rope3d_qk", "rope3d_coords", "gelu_tanh")
+BLOCK, ATTENTION = "LTXVideoTransformerBlock", "LTXAttention"
+
+
+class LatentGrid(NamedTuple):
+    """What the patched rope hands the blocks in place of its (cos, sin) tables: what the angles come from."""
+
+    frames: int
+    height: int
+    width: int
+    scales: tuple[float, float, float]  # rope_interpolation_scale (t, h, w)
+    patches: tuple[float, float]  # patch_size_t, patch_size
+    base: tuple[float, float, float]  # base_num_frames, base_height, base_width
+    theta: float
+    coords: Any = None  # video_coords [B, 3, S], when the caller gave them
+
+
+def patch(model, *, arch: str | None = None, root: Path = Path("generated"),
+          step: Callable[[str], None] = lambda _: None) -> dict[str, int]:
+    """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it finds);
+    returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not know."""
+    _check(model)
+    kernels = {op: load(built(op, arch or device_arch(), root, step)) for op in OPS}
+    model.rope.forward = MethodType(_latent_grid, model.rope)
+    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0}
+    for block in model.transformer_blocks:
+        block.forward = MethodType(_block_forward(kernels), block)
+        for attn in (block.attn1, block.attn2):
+            attn.set_processor(_Attention(kernels, attn.processor))
+        for module in block.ff.modules():
+            if type(module).__name__ == "GELU" and module.approximate == "tanh":
+                module.forward = MethodType(_gelu_forward(kernels["gelu_tanh"]), module)
+                done["gelu_tanh"] += 1
+        done["blocks"] += 1
+        done["attentions"] += 2
+    return done
+
+
+def _check(model) -> None:
+    name = type(model).__name__
+    if name != "LTXVideoTransformer3DModel":
+        raise KgenError(f"kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel, not {name}")
+    if any(hasattr(m, "_hf_hook") for m in model.modules()):
+        raise KgenError("LTXVideoTransformer3DModel: patch it before enable_model_cpu_offload (or any accelerate "
+                        "hook), whose hooks wrap the forwards the patch replaces")
+    if type(model.rope).__name__ != "LTXVideoRotaryPosEmbed":
+        raise KgenError(f"LTXVideoTransformer3DModel: rope is a {type(model.rope).__name__}, not LTXVideoRotaryPosEmbed")
+    for i, block in enumerate(model.transformer_blocks):
+        where = f"LTXVideoTransformer3DModel.transformer_blocks.{i}"
+        kinds = {"": block, "norm1": block.norm1, "norm2": block.norm2, "attn1": block.attn1, "attn2": block.attn2}
+        wanted = {"": BLOCK, "norm1": "RMSNorm", "norm2": "RMSNorm", "attn1": ATTENTION, "attn2": ATTENTION}
+        for attr, module in kinds.items():
+            if type(module).__name__ != wanted[attr]:
+                raise KgenError(f"{where}{'.' if attr else ''}{attr}: a {type(module).__name__}, not a {wanted[attr]}")
+        for attr in ("norm1", "norm2"):
+            if getattr(getattr(block, attr), "bias", None) is not None:
+                raise KgenError(f"{where}.{attr}: an RMSNorm with a bias, which kgen's adaln ops do not add")
+        for attr in ("attn1", "attn2"):
+            attn = getattr(block, attr)
+            for norm in ("norm_q", "norm_k"):
+                if type(getattr(attn, norm)).__name__ != "RMSNorm":
+                    raise KgenError(f"{where}.{attr}.{norm}: a {type(getattr(attn, norm)).__name__}, not RMSNorm")
+            if type(attn.processor).__name__ not in ("LTXVideoAttnProcessor", "_Attention"):
+                raise KgenError(f"{where}.{attr}: processor {type(attn.processor).__name__} is not diffusers' "
+                                "LTXVideoAttnProcessor")
+
+
+def _latent_grid(self, hidden_states, num_frames=None, height=None, width=None, rope_interpolation_scale=None,
+                 video_coords=None) -> LatentGrid:
+    """LTXVideoRotaryPosEmbed.forward's arguments, kept for the kernels. Without rope_interpolation_scale
+    diffusers uses the grid indices as they are: scales of base / patch do that."""
+    base = (float(self.base_num_frames), float(self.base_height), float(self.base_width))
+    patches = (float(self.patch_size_t), float(self.patch_size))
+    if rope_interpolation_scale is None:
+        scales = (base[0] / patches[0], base[1] / patches[1], base[2] / patches[1])
+    else:
+        scales = tuple(float(s) for s in rope_interpolation_scale)
+    coords = None if video_coords is None else video_coords.float()
+    return LatentGrid(num_frames or 1, height or 1, width or 1, scales, patches, base, float(self.theta), coords)
+
+
+def _rotate(kernels, query, key, grid: LatentGrid):
+    if grid.coords is not None:
+        rope = kernels["rope3d_coords"].rope3d_coords
+        return (rope(query, grid.coords, grid.theta, *grid.base), rope(key, grid.coords, grid.theta, *grid.base))
+    return kernels["rope3d_qk"].rope3d_qk(query, key, grid.frames, grid.height, grid.width, grid.theta, *grid.base,
+                                          *grid.scales, *grid.patches)
+
+
+def _rms(kernels, norm, x):
+    """torch.nn.RMSNorm's numerics (one rounding); its eps of None is the dtype's epsilon, as torch's."""
+    import torch
+
+    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    return kernels["rmsnorm"].rmsnorm(x, norm.weight, eps)
+
+
+class _Attention:
+    """An LTX attention processor: diffusers' steps (projections, q/k norms, rotary, attention dispatch, output
+    projection), with kgen's norm and rotary kernels."""
+
+    def __init__(self, kernels, original):
+        self.kernels = kernels
+        self._attention_backend = getattr(original, "_attention_backend", None)
+        self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_ltx import apply_rotary_emb
+
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, context.shape[1], context.shape[0])
+            attention_mask = attention_mask.view(context.shape[0], attn.heads, -1, attention_mask.shape[-1])
+        query = _rms(self.kernels, attn.norm_q, attn.to_q(hidden_states))
+        key = _rms(self.kernels, attn.norm_k, attn.to_k(context))
+        value = attn.to_v(context)
+        if isinstance(image_rotary_emb, LatentGrid):
+            query, key = _rotate(self.kernels, query, key, image_rotary_emb)
+        elif image_rotary_emb is not None:  # tables from an unpatched rope
+            query, key = apply_rotary_emb(query, image_rotary_emb), apply_rotary_emb(key, image_rotary_emb)
+        heads = [t.unflatten(2, (attn.heads, -1)) for t in (query, key, value)]
+        out = dispatch_attention_fn(*heads, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        return attn.to_out[1](attn.to_out[0](out.flatten(2, 3).to(query.dtype)))
+
+
+def _block_forward(kernels):
+    adaln, residual_adaln = kernels["adaln_rmsnorm"].adaln_rmsnorm, kernels["residual_adaln_rmsnorm"].residual_adaln_rmsnorm
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
+        """LTXVideoTransformerBlock's dataflow; the norms fused with their modulation (and norm2 with the residual
+        add before it) in diffusers' roundings."""
+        table = self.scale_shift_table
+        modulation = table[None, None].to(temb.device) + temb.reshape(temb.shape[0], temb.shape[1], table.shape[0], -1)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.unbind(dim=2)
+        normed = adaln(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps, convention="diffusers")
+        attended = self.attn1(hidden_states=normed, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
+        hidden_states = hidden_states + attended * gate_msa
+        crossed = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                             attention_mask=encoder_attention_mask)
+        normed, hidden_states = residual_adaln(hidden_states, crossed, scale_mlp, shift_mlp, None, self.norm2.weight,
+                                               self.norm2.eps, convention="diffusers")
+        return hidden_states + self.ff(normed) * gate_mlp
+
+    return forward
+
+
+def _gelu_forward(kernel):
+    def forward(self, hidden_states):
+        return kernel.gelu_tanh(self.proj(hidden_states))
+
+    return forward
