@@ -2,7 +2,8 @@
 # The GPU half of verification, on a CUDA machine: the `gpu` test suite, scripts/sanitize.sh when
 # SANITIZE=1, `kgen tune` for TUNE_OPS
 # (default: none; the table lands in arch/tuning/ and in $OUT), then `kgen bench $BENCH_ARGS` for
-# BENCH_OPS (default: every op, with SUMMARY.md). Everything lands in $OUT (default ./gpu-out): results.tgz holds
+# BENCH_OPS (default: every op, with SUMMARY.md), then `kgen bench --e2e` for each of E2E ("ltx qwen3";
+# default: none). Everything lands in $OUT (default ./gpu-out): results.tgz holds
 # the logs, the JUnit report and each op's bench JSON and Markdown table. Wheels for packages the
 # machine lacks may be put in .whl/ (installed to /tmp/site, first on PYTHONPATH).
 set -uo pipefail
@@ -43,5 +44,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     python3 -m kgen bench "$op" ${BENCH_ARGS:-} --out "$RAW" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$RAW/bench-$op.log"
   done
 fi
+for target in ${E2E:-}; do
+  python3 -m kgen bench --e2e "$target" --out "$RAW" --build-dir "$KGEN_TEST_BUILD_ROOT" 2>&1 | tee "$RAW/e2e-$target.log"
+done
 tar czf "$OUT/results.tgz" -C "$RAW" .
 exit $status
