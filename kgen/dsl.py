@@ -23,7 +23,8 @@ import re
 from typing import Annotated, Any, Callable, Literal
 
 import sympy as sp
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt,
+                      model_validator)
 
 IDENTIFIER = r"^[a-z][a-z0-9_]{0,39}$"
 DOTTED_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"  # a module's class: transformers.x.LlamaRMSNorm
@@ -237,7 +238,9 @@ class Layer(_Model):
     """A `kernels` layer: a stateless nn.Module whose forward replaces ``replaces``. ``bind`` maps each op argument
     to a forward argument, an attribute of the replaced module (``self.weight``) or a submodule applied to a forward
     argument (``self.gate_proj(x)``); ``returns`` is a submodule the op's output goes through (``self.down_proj``);
-    ``condition`` (the replaced module -> bool) picks the instances whose forward the layer computes."""
+    ``condition`` (the replaced module -> bool) picks the instances whose forward the layer computes. A forward
+    argument no op argument is bound to has a value in ``defaults`` (as the replaced forward), and the layer computes
+    that value only: another raises. ``replaces`` may name a function kernels turns into a module (rotary)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]{0,39}$")]
     replaces: list[Annotated[str, Field(pattern=DOTTED_PATH)]] = Field(min_length=1)
@@ -247,6 +250,7 @@ class Layer(_Model):
                                                                   "'self.<submodule>(<forward argument>)'")]]
     returns: Annotated[str, Field(pattern=r"^self\.[a-z_][a-z0-9_]*$")] | None = None
     condition: Callable[[Any], bool] | None = None
+    defaults: dict[Identifier, StrictBool | StrictInt] = {}
     convention: Identifier
 
 
@@ -364,6 +368,10 @@ class OpSpec(_Model):
             if not args <= set(layer.forward_args):
                 raise ValueError(f"layers.{i}.bind: {sorted(args - set(layer.forward_args))} are not forward arguments "
                                  f"{layer.forward_args}")
+            tail = layer.forward_args[len(layer.forward_args) - len(layer.defaults):]
+            if set(layer.forward_args) - args - set(layer.defaults) or set(layer.defaults) != set(tail):
+                raise ValueError(f"layers.{i}.defaults: every forward argument no op argument is bound to needs one, "
+                                 f"and they are the last arguments; got {layer.defaults} for {layer.forward_args}")
         return self
 
     def _check_rotary(self, columns: set[str]) -> set[str]:

@@ -8,7 +8,7 @@ Order: reference, the implementations it replaces, then the spec.
 import sympy as sp
 import torch
 
-from kgen.dsl import Convention, OpSpec, Rotary, Tensor, cos, sign, sin, to_io_dtype
+from kgen.dsl import Convention, Layer, OpSpec, Rotary, Tensor, cos, sign, sin, to_io_dtype
 
 x, x_pair, k, k_pair = sp.symbols("x x_pair k k_pair")
 
@@ -79,4 +79,11 @@ spec = OpSpec(
     peers={"eager (transformers apply_rotary_pos_emb)": transformers_apply_rotary_pos_emb,
            "Liger (LigerRopeFunction)": liger_rope},
     inplace={"out": "x", "k_out": "k"},
+    layers=[
+        Layer(name="RotaryPosEmb",
+              replaces=["transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
+                        "transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb"],
+              forward_args=["q", "k", "cos", "sin", "unsqueeze_dim"], defaults={"unsqueeze_dim": 1},
+              bind={"x": "q", "k": "k", "cos": "cos", "sin": "sin"}, convention="transformers"),
+    ],
 )

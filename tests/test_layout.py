@@ -9,7 +9,7 @@ from pathlib import Path
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
 # kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner, 2350 before the
 # generated-name checks, 2360 before the model integrations and the whole-model benchmark)
-LINE_BUDGET = 2800
+LINE_BUDGET = 2820
 
 # module -> the kgen modules it may import
 ALLOWED = {

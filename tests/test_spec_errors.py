@@ -79,6 +79,17 @@ CASES = [
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
                 'bind={"x": "self.proj(h)", "weight": "self.weight"}, returns="self.out(h)")]'},
      ["Layer.returns: String should match pattern"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h", "dim"], convention="plain", '
+                'bind={"x": "h", "weight": "self.weight"})]'},
+     ["layers.0.defaults: every forward argument no op argument is bound to needs one, and they are the last "
+      "arguments; got {} for ['h', 'dim']"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["dim", "h"], convention="plain", '
+                'defaults={"dim": 1}, bind={"x": "h", "weight": "self.weight"})]'},
+     ["layers.0.defaults: every forward argument no op argument is bound to needs one, and they are the last "
+      "arguments; got {'dim': 1} for ['dim', 'h']"]),
+    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h", "dim"], convention="plain", '
+                'defaults={"dim": "1; import os"}, bind={"x": "h", "weight": "self.weight"})]'},
+     ["Layer.defaults.dim.bool: Input should be a valid boolean"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="fast", '
                 'bind={"x": "h", "weight": "self.weight"})]'},
      ["layers.0.convention: 'fast' is not one of ['plain']"]),

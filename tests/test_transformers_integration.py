@@ -33,7 +33,7 @@ pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
 def served_ops(reference_kernels):
     """The arch to build for and {op name in its library: calls}: on a GPU the device's arch and the real kernels;
     on a CPU sm_90 and each op computed by its spec's reference."""
-    return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS))
+    return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS + ("rope",)))
 
 
 def model_of(kind: str, config: dict, layers: int = 2, **extra):
@@ -51,18 +51,19 @@ def logits(model, ids, dtype):
         return model.to(dtype)(ids).logits.double()
 
 
-def check_logits_match(kind, config, served_ops, root, tokens=32):
+def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
     """kgen's bf16 logits are as close to the fp32 model's as transformers' own bf16 logits are."""
     arch, calls = served_ops
     model = model_of(kind, config)
     ids = torch.randint(0, config["vocab_size"], (2, tokens), device=DEVICE)
     truth = logits(model, ids, torch.float32)
     eager = logits(model, ids, torch.bfloat16)
-    served = kernelize(model, arch=arch, root=root)
+    served = kernelize(model, OPS + ("rope",) * rope, arch=arch, root=root)
     prefix = type(model).__name__.removesuffix("ForCausalLM")
     norms = [n for n, m in model.named_modules() if type(m).__name__ == f"{prefix}RMSNorm"]
     mlps = [n for n, m in model.named_modules() if type(m).__name__ == f"{prefix}MLP"]
-    assert served == {**{n: "rmsnorm.RMSNorm" for n in norms}, **{n: "silu_mul.GatedMLP" for n in mlps}}
+    rotary = {f"transformers.models.{kind}.modeling_{kind}.apply_rotary_pos_emb": "rope.RotaryPosEmb"} if rope else {}
+    assert served == {**{n: "rmsnorm.RMSNorm" for n in norms}, **{n: "silu_mul.GatedMLP" for n in mlps}, **rotary}
     if kind == "qwen3":
         assert "model.layers.1.self_attn.q_norm" in served and "model.layers.1.self_attn.k_norm" in served
     before = calls.copy()
@@ -70,6 +71,7 @@ def check_logits_match(kind, config, served_ops, root, tokens=32):
     if not GPU:
         assert calls["rmsnorm_transformers"] - before["rmsnorm_transformers"] == len(norms)
         assert calls["silu_mul_transformers"] - before["silu_mul_transformers"] == len(mlps)
+        assert calls["rope_transformers"] - before["rope_transformers"] == (len(mlps) if rope else 0)
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
     assert kgen_err <= 1.5 * eager_err + 1e-3, f"kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
     assert torch.isfinite(kgen).all()
@@ -83,6 +85,21 @@ def test_qwen3_every_rmsnorm_and_the_mlp_served_logits_match(served_ops, build_r
 def test_llama_every_rmsnorm_and_the_mlp_served_logits_match(served_ops, build_root):
     config = LLAMA3_8B if GPU else {k: v for k, v in SMALL.items() if k != "head_dim"}
     check_logits_match("llama", config, served_ops, build_root)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_rope_on_request(kind, served_ops, build_root, monkeypatch):
+    """apply_rotary_pos_emb is a module-level function: kernels' module for it takes its place in the modeling
+    file (put back after the test), and q/k arrive as transformers' transposed views."""
+    modeling = getattr(transformers.models, kind)
+    modeling = getattr(modeling, f"modeling_{kind}")
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    config = (QWEN3_8B if GPU else SMALL) if kind == "qwen3" else (LLAMA3_8B if GPU else {
+        k: v for k, v in SMALL.items() if k != "head_dim"})
+    check_logits_match(kind, config, served_ops, build_root, rope=True)
+    with pytest.raises(RuntimeError, match="RotaryPosEmb computes unsqueeze_dim=1 only, got 2"):
+        q = torch.randn(1, 2, 3, 8, device=DEVICE)
+        modeling.apply_rotary_pos_emb(q, q, q[:, 0], q[:, 0], unsqueeze_dim=2)
 
 
 def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):

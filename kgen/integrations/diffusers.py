@@ -12,6 +12,7 @@ RMSNorm is not torch.nn.RMSNorm) and the whole structure is checked before anyth
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import MethodType
 from typing import Any, Callable, NamedTuple
@@ -58,6 +59,12 @@ def patch(model, *, arch: str | None = None, root: Path = Path("generated"),
     return done
 
 
+PROCESSORS = ("LTXVideoAttnProcessor", "_Attention")  # diffusers', or this module's from an earlier patch
+STRUCTURE = {"": BLOCK, "norm1": "RMSNorm", "norm2": "RMSNorm", "attn1": ATTENTION, "attn2": ATTENTION,  # by class name
+             "attn1.norm_q": "RMSNorm", "attn1.norm_k": "RMSNorm", "attn2.norm_q": "RMSNorm", "attn2.norm_k": "RMSNorm",
+             "attn1.processor": PROCESSORS, "attn2.processor": PROCESSORS}
+
+
 def _check(model) -> None:
     name = type(model).__name__
     if name != "LTXVideoTransformer3DModel":
@@ -68,23 +75,14 @@ def _check(model) -> None:
     if type(model.rope).__name__ != "LTXVideoRotaryPosEmbed":
         raise KgenError(f"LTXVideoTransformer3DModel: rope is a {type(model.rope).__name__}, not LTXVideoRotaryPosEmbed")
     for i, block in enumerate(model.transformer_blocks):
-        where = f"LTXVideoTransformer3DModel.transformer_blocks.{i}"
-        kinds = {"": block, "norm1": block.norm1, "norm2": block.norm2, "attn1": block.attn1, "attn2": block.attn2}
-        wanted = {"": BLOCK, "norm1": "RMSNorm", "norm2": "RMSNorm", "attn1": ATTENTION, "attn2": ATTENTION}
-        for attr, module in kinds.items():
-            if type(module).__name__ != wanted[attr]:
-                raise KgenError(f"{where}{'.' if attr else ''}{attr}: a {type(module).__name__}, not a {wanted[attr]}")
-        for attr in ("norm1", "norm2"):
-            if getattr(getattr(block, attr), "bias", None) is not None:
-                raise KgenError(f"{where}.{attr}: an RMSNorm with a bias, which kgen's adaln ops do not add")
-        for attr in ("attn1", "attn2"):
-            attn = getattr(block, attr)
-            for norm in ("norm_q", "norm_k"):
-                if type(getattr(attn, norm)).__name__ != "RMSNorm":
-                    raise KgenError(f"{where}.{attr}.{norm}: a {type(getattr(attn, norm)).__name__}, not RMSNorm")
-            if type(attn.processor).__name__ not in ("LTXVideoAttnProcessor", "_Attention"):
-                raise KgenError(f"{where}.{attr}: processor {type(attn.processor).__name__} is not diffusers' "
-                                "LTXVideoAttnProcessor")
+        for path, wanted in STRUCTURE.items():
+            found = type(functools.reduce(getattr, path.split(".") if path else [], block)).__name__
+            if found not in (wanted if isinstance(wanted, tuple) else (wanted,)):
+                raise KgenError(f"LTXVideoTransformer3DModel.transformer_blocks.{i}{'.' * bool(path)}{path}: a {found}, "
+                                f"not a {wanted if isinstance(wanted, str) else wanted[0]}")
+            if path in ("norm1", "norm2") and getattr(getattr(block, path), "bias", None) is not None:
+                raise KgenError(f"LTXVideoTransformer3DModel.transformer_blocks.{i}.{path}: an RMSNorm with a bias, "
+                                "which kgen's adaln ops do not add")
 
 
 def _latent_grid(self, hidden_states, num_frames=None, height=None, width=None, rope_interpolation_scale=None,

@@ -8,6 +8,8 @@ already gave), builds the projects and kernelizes with a mapping to them. No tra
 
 from __future__ import annotations
 
+import inspect
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -15,36 +17,68 @@ from ..builder import device_arch
 from ..catalog import KgenError, load_spec
 from . import built
 
-OPS = ("rmsnorm", "silu_mul")  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP
+OPS = ("rmsnorm", "silu_mul")  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" on request
 
 
 def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, root: Path = Path("generated"),
               mode=None, step: Callable[[str], None] = lambda _: None) -> dict[str, str]:
     """Replaces the forward of every module of ``model`` that a layer of ``ops`` replaces (and whose condition
     holds) with that layer's, from ``root/<op>-<arch>`` (written and built when missing or stale). Returns
-    {module name: "<op>.<layer>"} for the modules now served; refuses a model none of whose modules is known."""
+    {module name or function path: "<op>.<layer>"} for what now runs on kgen; refuses a model none of whose
+    modules is known.
+
+    A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts kernels'
+    module for it in the function's place, as transformers does with the kernels versions it supports: the model's
+    code calls it by name, so once kernelized, every model of that modeling file in the process runs kgen's rope."""
     from kernels import LocalLayerRepository, Mode, replace_kernel_forward_from_hub, use_kernel_mapping
     from kernels import kernelize as kernels_kernelize
+    from kernels import use_kernel_forward_from_hub
 
     arch = arch or device_arch()
     classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in model.modules()}
-    mapping, layers = {}, {}
+    files = {type(m).__module__ for m in model.modules()}
+    mapping, layers, functions = {}, {}, {}
     for op in ops:
         for layer in load_spec(op).layers:
-            found = [classes[path] for path in layer.replaces if path in classes]
+            found = {p: _replaced_by(p, classes, files) for p in layer.replaces}
+            found = {p: target for p, target in found.items() if target is not None}
             if not found:
                 continue
-            project = built(op, arch, root, step)
-            for cls in found:
-                name = getattr(cls, "kernel_layer_name", None) or layer.name
-                replace_kernel_forward_from_hub(cls, name, layer.condition)
-                mapping[name] = {"cuda": LocalLayerRepository(repo_path=project, layer_name=layer.name)}
-                layers[cls] = f"{op}.{layer.name}"
+            repository = LocalLayerRepository(repo_path=built(op, arch, root, step), layer_name=layer.name)
+            for path, target in found.items():
+                if inspect.isclass(target):
+                    name = getattr(target, "kernel_layer_name", None) or layer.name
+                    replace_kernel_forward_from_hub(target, name, layer.condition)
+                    layers[target] = f"{op}.{layer.name}"
+                else:
+                    function = target
+                    if not hasattr(function, "kernel_layer_name"):
+                        function = use_kernel_forward_from_hub(layer.name)(function)
+                        setattr(sys.modules[path.rsplit(".", 1)[0]], path.rsplit(".", 1)[1], function)
+                    model.__dict__.setdefault("_kernel_funcs", {})[path] = function
+                    name = function.kernel_layer_name
+                    functions[path] = (function, f"{op}.{layer.name}")
+                mapping[name] = {"cuda": repository}
     if not mapping:
         known = sorted({p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces})
         raise KgenError(f"{type(model).__name__}: no module is one that kgen's {', '.join(ops)} layers replace "
                         f"({', '.join(known)})")
     with use_kernel_mapping(mapping, inherit_mapping=False):
         kernels_kernelize(model, mode=mode or Mode.INFERENCE, device="cuda", use_fallback=True)
-    return {name: layers[type(m)] for name, m in model.named_modules()
-            if type(m) in layers and getattr(m.forward, "__func__", None) is not type(m).forward}
+    served = {name: layers[type(m)] for name, m in model.named_modules()
+              if type(m) in layers and _replaced(m)}
+    return served | {path: layer for path, (function, layer) in functions.items() if _replaced(function)}
+
+
+def _replaced_by(path: str, classes: dict, files: set):
+    """The model's class at ``path``, or the function (or kernels' module for it) at ``path`` in a file the model's
+    classes come from; None otherwise."""
+    if path in classes:
+        return classes[path]
+    where, attr = path.rsplit(".", 1)
+    found = getattr(sys.modules[where], attr, None) if where in files else None
+    return found if callable(found) and not inspect.isclass(found) else None
+
+
+def _replaced(module) -> bool:
+    return getattr(module.forward, "__func__", None) is not type(module).forward
