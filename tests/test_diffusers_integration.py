@@ -65,14 +65,15 @@ def check_output_matches(config, served_ops, root, **overrides):
     model = model_of(config)
     inputs = {**inputs_of(model), **overrides}
     truth, eager = output(model, inputs, torch.float32), output(model, inputs, torch.bfloat16)
-    assert patch(model, arch=arch, root=root) == {"blocks": 2, "attentions": 4, "gelu_tanh": 2}
+    assert patch(model, arch=arch, root=root) == {"blocks": 2, "attentions": 4, "gelu_tanh": 2, "norm_out": 1}
     before = calls.copy()
     kgen = output(model, inputs, torch.bfloat16)
     if not GPU:
         rope = {"rope3d_coords": 4} if inputs.get("video_coords") is not None else {"rope3d_qk": 2}
         ran = {name: calls[name] - before[name] for name in calls if calls[name] > before[name]}
-        assert ran == {"adaln_rmsnorm_diffusers": 2, "residual_adaln_rmsnorm_diffusers": 2, "rmsnorm": 8,
-                       "gelu_tanh": 2, **rope}
+        # norm1 of block 0; norm2 of each block and norm1 of block 1 with the residual before; norm_out with the last
+        assert ran == {"adaln_rmsnorm_diffusers": 1, "residual_adaln_rmsnorm_diffusers": 3, "rmsnorm": 8,
+                       "residual_adaln_layernorm_diffusers": 1, "gelu_tanh": 2, **rope}
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
     assert torch.isfinite(kgen).all()
     assert kgen_err <= 1.5 * eager_err + 1e-3, f"kgen {kgen_err:.4g} vs diffusers {eager_err:.4g} from fp32"
@@ -120,7 +121,8 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     explained = torch._dynamo.explain(model)(**cast, return_dict=False)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
-    for op in ("adaln_rmsnorm_diffusers", "residual_adaln_rmsnorm_diffusers", "rope3d_qk", "gelu_tanh"):
+    for op in ("adaln_rmsnorm_diffusers", "residual_adaln_rmsnorm_diffusers", "residual_adaln_layernorm_diffusers",
+               "rope3d_qk", "gelu_tanh"):
         assert op in code
     eager = output(model, inputs, torch.bfloat16)
     torch._dynamo.reset()

@@ -7,9 +7,10 @@ import ast
 from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
-# kgen/ stays small: ops, templates and profiles carry the rest (2000 before the tuner, 2350 before the
-# generated-name checks, 2360 before the model integrations and the whole-model benchmark)
-LINE_BUDGET = 2820
+# kgen/ stays small: ops, templates and profiles carry the rest. The core (kgen/*.py: 2000 before the tuner, 2350
+# before the generated-name checks, 2360 before layers with submodules, conditions and defaults) and the model
+# integrations (kgen/integrations/: transformers, diffusers' LTX-Video, the whole-model benchmark) each have a budget.
+LINE_BUDGETS = {"*.py": 2390, "integrations/*.py": 480}
 
 # module -> the kgen modules it may import
 ALLOWED = {
@@ -55,5 +56,6 @@ def test_arrows_point_one_way():
 
 
 def test_line_budget():
-    lines = sum(len(p.read_text().splitlines()) for p in KGEN.rglob("*.py"))
-    assert lines <= LINE_BUDGET, f"kgen/ has {lines} lines, over its budget of {LINE_BUDGET}"
+    for pattern, budget in LINE_BUDGETS.items():
+        lines = sum(len(p.read_text().splitlines()) for p in KGEN.glob(pattern))
+        assert lines <= budget, f"kgen/{pattern} has {lines} lines, over its budget of {budget}"

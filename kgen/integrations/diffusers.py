@@ -1,7 +1,9 @@
 """Runs a diffusers LTX-Video transformer (`LTXVideoTransformer3DModel`) on kgen's kernels.
 
-In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm; attn2's residual add, norm2 and its
-modulation -> residual_adaln_rmsnorm (one pass over the residual stream); in each attention, norm_q and norm_k
+In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm, and from the second block on, fused with
+the residual add that ends the block before (`+ ff · gate`: a block hands the next one a `Pending` add, the
+last one hands it to norm_out -> residual_adaln_layernorm); attn2's residual add, norm2 and its modulation ->
+residual_adaln_rmsnorm (one pass over the residual stream); in each attention, norm_q and norm_k
 (torch.nn.RMSNorm across heads) -> rmsnorm, and in self-attention the 3D rotary embedding -> rope3d_qk, q and k in
 one launch with the angles computed in the kernel from the latent grid (rope3d_coords from video_coords), so the
 model's rope no longer builds its two fp32 [B, S, C] tables; the FeedForward's GELU(approximate="tanh") ->
@@ -21,7 +23,8 @@ from ..builder import device_arch, load
 from ..catalog import KgenError
 from . import built
 
-OPS = ("adaln_rmsnorm", "residual_adaln_rmsnorm", "rmsnorm", "rope3d_qk", "rope3d_coords", "gelu_tanh")
+OPS = ("adaln_rmsnorm", "residual_adaln_rmsnorm", "residual_adaln_layernorm", "rmsnorm", "rope3d_qk", "rope3d_coords",
+       "gelu_tanh")
 BLOCK, ATTENTION = "LTXVideoTransformerBlock", "LTXAttention"
 
 
@@ -38,14 +41,24 @@ class LatentGrid(NamedTuple):
     coords: Any = None  # video_coords [B, 3, S], when the caller gave them
 
 
+class Pending(NamedTuple):
+    """A block's output whose last residual add (hidden + ff · gate) the next norm does, in the same pass."""
+
+    hidden: Any
+    ff: Any
+    gate: Any
+
+
 def patch(model, *, arch: str | None = None, root: Path = Path("generated"),
           step: Callable[[str], None] = lambda _: None) -> dict[str, int]:
     """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it finds);
-    returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not know."""
+    returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not know.
+    A patched block returns a `Pending` residual add for the next block or norm_out: call the model, not a block."""
     _check(model)
     kernels = {op: load(built(op, arch or device_arch(), root, step)) for op in OPS}
     model.rope.forward = MethodType(_latent_grid, model.rope)
-    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0}
+    model.norm_out.forward = MethodType(_final_norm(kernels["residual_adaln_layernorm"]), model.norm_out)
+    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0, "norm_out": 1}
     for block in model.transformer_blocks:
         block.forward = MethodType(_block_forward(kernels), block)
         for attn in (block.attn1, block.attn2):
@@ -69,9 +82,12 @@ def _check(model) -> None:
     name = type(model).__name__
     if name != "LTXVideoTransformer3DModel":
         raise KgenError(f"kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel, not {name}")
-    if any(hasattr(m, "_hf_hook") for m in model.modules()):
-        raise KgenError("LTXVideoTransformer3DModel: patch it before enable_model_cpu_offload (or any accelerate "
-                        "hook), whose hooks wrap the forwards the patch replaces")
+    if any(hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook") for m in model.modules()):
+        raise KgenError("LTXVideoTransformer3DModel: patch it before enable_model_cpu_offload (or any accelerate or "
+                        "diffusers hook: offloading, caching), whose hooks wrap the forwards the patch replaces")
+    norm = model.norm_out
+    if type(norm).__name__ != "LayerNorm" or norm.weight is not None or norm.bias is not None:
+        raise KgenError(f"LTXVideoTransformer3DModel.norm_out: a {type(norm).__name__}, not a LayerNorm without affine")
     if type(model.rope).__name__ != "LTXVideoRotaryPosEmbed":
         raise KgenError(f"LTXVideoTransformer3DModel: rope is a {type(model.rope).__name__}, not LTXVideoRotaryPosEmbed")
     for i, block in enumerate(model.transformer_blocks):
@@ -154,14 +170,32 @@ def _block_forward(kernels):
         table = self.scale_shift_table
         modulation = table[None, None].to(temb.device) + temb.reshape(temb.shape[0], temb.shape[1], table.shape[0], -1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.unbind(dim=2)
-        normed = adaln(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps, convention="diffusers")
+        if isinstance(hidden_states, Pending):  # the block before's `+ ff · gate`, fused with this norm
+            before = hidden_states
+            normed, hidden_states = residual_adaln(before.hidden, before.ff, scale_msa, shift_msa, before.gate,
+                                                   self.norm1.weight, self.norm1.eps, convention="diffusers")
+        else:
+            normed = adaln(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps, convention="diffusers")
         attended = self.attn1(hidden_states=normed, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
         hidden_states = hidden_states + attended * gate_msa
         crossed = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                              attention_mask=encoder_attention_mask)
         normed, hidden_states = residual_adaln(hidden_states, crossed, scale_mlp, shift_mlp, None, self.norm2.weight,
                                                self.norm2.eps, convention="diffusers")
-        return hidden_states + self.ff(normed) * gate_mlp
+        return Pending(hidden_states, self.ff(normed), gate_mlp)
+
+    return forward
+
+
+def _final_norm(kernel):
+    def forward(self, hidden_states):
+        """norm_out (LayerNorm, no affine) after the last block, with its pending residual add: the modulation that
+        follows stays in the model's code, so scale and shift are 0 here (diffusers' roundings: exact)."""
+        if not isinstance(hidden_states, Pending):
+            return type(self).forward(self, hidden_states)
+        x, ff, gate = hidden_states
+        zeros = x.new_zeros(x.shape[0], 1, x.shape[-1])
+        return kernel.residual_adaln_layernorm(x, ff, zeros, zeros, gate, self.eps, convention="diffusers")[0]
 
     return forward
 
