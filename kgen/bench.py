@@ -160,18 +160,14 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
               dtype: str = "bfloat16", rounds: int = 3, graphs: bool = False) -> dict:
     import torch
 
-    from .builder import build_project, device_arch, load
-    from .render import resolve_target, write_project
+    from .builder import build_op, device_arch, load
 
     if not torch.cuda.is_available():
         raise KgenError("kgen bench needs a CUDA device")
     spec = load_spec(op)
     arch = device_arch()
-    target = resolve_target(op, arch)
-    project = write_project(target, build_root)
-    console.print(f"building {target.kernel_name} ...")
-    build_project(project, target)
-    kernel = getattr(load(project), op)
+    console.print(f"building {op} for {arch} ...")
+    kernel = getattr(load(build_op(op, arch, build_root)), op)
     torch_dtype = getattr(torch, dtype)
     timer = Timer(torch, repeats, graphs)
     peers = dict(spec.peers)

@@ -21,7 +21,7 @@ from typing import Callable
 
 from .catalog import KgenError, arch_names, load_profile
 from .profile import ArchProfile
-from .render import Target, render_local_files, write_tree
+from .render import Target, render_local_files, resolve_target, write_project, write_tree
 
 CXX = os.environ.get("CXX", "c++")
 
@@ -176,6 +176,14 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
         files[lib] = (tmp / lib).read_bytes()
         write_tree(files, out)
     return out
+
+
+def build_op(op: str, arch: str, root: Path, step: Callable[[str], None] = lambda _: None) -> Path:
+    """root/<op>-<arch>: written, then compiled for this torch (nothing to do where it is up to date)."""
+    target = resolve_target(op, arch)
+    project = write_project(target, root)
+    build_project(project, target, step)
+    return project
 
 
 def device_arch() -> str:

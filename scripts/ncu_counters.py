@@ -40,9 +40,8 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from kgen.bench import example_inputs, suite
-    from kgen.builder import build_project, device_arch, load
+    from kgen.builder import build_op, device_arch, load
     from kgen.catalog import load_spec
-    from kgen.render import resolve_target, write_project
 
     labels = []
 
@@ -58,10 +57,7 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
 
     for op in ops:
         spec = load_spec(op)
-        target = resolve_target(op, device_arch())
-        project = write_project(target, build_dir)
-        build_project(project, target)
-        kernel = getattr(load(project), op)
+        kernel = getattr(load(build_op(op, device_arch(), build_dir)), op)
         for case in suite(op):
             params = case.param_values(spec)
             inputs = example_inputs(spec, case.shape, torch.bfloat16, per_batch=case.per_batch, k_heads=case.k_heads)

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kgen.builder import build_project, device_arch, load, variant_name
-from kgen.render import resolve_target, write_project
+from kgen.builder import build_op, device_arch, load, variant_name
 
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
 
@@ -49,9 +48,7 @@ def built(build_root):
     def get(op: str, arch: str | None = None):
         arch = arch or device_arch()
         if (op, arch) not in cache:
-            target = resolve_target(op, arch)
-            project = write_project(target, build_root)
-            build_project(project, target)
+            project = build_op(op, arch, build_root)
             cache[op, arch] = (project, load(project))
         return cache[op, arch]
 
@@ -76,9 +73,7 @@ def reference_kernels(build_root):
     def register(ops):
         patch.setattr(kernels.layer.repos, "_find_capability", lambda: 90)
         for op in ops:
-            target = resolve_target(op, "sm_90")
-            project = write_project(target, build_root)
-            build_project(project, target)
+            project = build_op(op, "sm_90", build_root)
             load(project)  # registers the library's ops, named by its metadata's id
             name = json.loads((project / "build" / variant_name() / "metadata.json").read_text())["id"]
             library = torch.library.Library(name, "IMPL")

@@ -53,10 +53,13 @@ def inputs_of(model, grid=GRID, batch=2, text=16):
                 num_frames=frames, height=height, width=width, rope_interpolation_scale=SCALE)
 
 
+def cast(inputs, dtype=torch.bfloat16):
+    return {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+
+
 def output(model, inputs, dtype):
-    cast = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
     with torch.no_grad():
-        return model.to(dtype)(**cast, return_dict=False)[0].double()
+        return model.to(dtype)(**cast(inputs, dtype), return_dict=False)[0].double()
 
 
 def check_output_matches(config, served_ops, root, **overrides):
@@ -116,9 +119,9 @@ def test_refused_after_cpu_offload_hooks(served_ops, build_root):
 
 def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     model, inputs = check_output_matches(SMALL, served_ops, build_root)
-    cast = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+    bf16 = cast(inputs)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(**cast, return_dict=False)
+    explained = torch._dynamo.explain(model)(**bf16, return_dict=False)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
     for op in ("adaln_rmsnorm_diffusers", "residual_adaln_rmsnorm_diffusers", "residual_adaln_layernorm_diffusers",
@@ -127,7 +130,7 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     eager = output(model, inputs, torch.bfloat16)
     torch._dynamo.reset()
     with torch.no_grad():
-        compiled = torch.compile(model, fullgraph=True)(**cast, return_dict=False)[0].double()
+        compiled = torch.compile(model, fullgraph=True)(**bf16, return_dict=False)[0].double()
     assert (compiled - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
 
 
@@ -136,13 +139,13 @@ def test_reduce_overhead_captures_and_replays(served_ops, build_root):
     from torch._dynamo.utils import counters
 
     model, inputs = check_output_matches(SMALL, served_ops, build_root)
-    cast = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+    bf16 = cast(inputs)
     eager = output(model, inputs, torch.bfloat16)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
-        outs = [compiled(**cast, return_dict=False)[0].double().clone() for _ in range(4)]
+        outs = [compiled(**bf16, return_dict=False)[0].double().clone() for _ in range(4)]
     assert counters["inductor"]["cudagraph_skips"] == 0
     for out in outs:
         assert (out - eager).abs().max().item() <= 0.05 * eager.abs().max().item()

@@ -19,9 +19,8 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, Callable, NamedTuple
 
-from ..builder import device_arch, load
+from ..builder import build_op, device_arch, load
 from ..catalog import KgenError
-from . import built
 
 OPS = ("adaln_rmsnorm", "residual_adaln_rmsnorm", "residual_adaln_layernorm", "rmsnorm", "rope3d_qk", "rope3d_coords",
        "gelu_tanh")
@@ -55,7 +54,7 @@ def patch(model, *, arch: str | None = None, root: Path = Path("generated"),
     returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not know.
     A patched block returns a `Pending` residual add for the next block or norm_out: call the model, not a block."""
     _check(model)
-    kernels = {op: load(built(op, arch or device_arch(), root, step)) for op in OPS}
+    kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in OPS}
     model.rope.forward = MethodType(_latent_grid, model.rope)
     model.norm_out.forward = MethodType(_final_norm(kernels["residual_adaln_layernorm"]), model.norm_out)
     done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0, "norm_out": 1}
@@ -165,8 +164,8 @@ def _block_forward(kernels):
     adaln, residual_adaln = kernels["adaln_rmsnorm"].adaln_rmsnorm, kernels["residual_adaln_rmsnorm"].residual_adaln_rmsnorm
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
-        """LTXVideoTransformerBlock's dataflow; the norms fused with their modulation (and norm2 with the residual
-        add before it) in diffusers' roundings."""
+        """LTXVideoTransformerBlock's dataflow in diffusers' roundings; each norm fused with its modulation and the
+        residual add before it (attn2's for norm2; for norm1, the block before's, handed over as `Pending`)."""
         table = self.scale_shift_table
         modulation = table[None, None].to(temb.device) + temb.reshape(temb.shape[0], temb.shape[1], table.shape[0], -1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.unbind(dim=2)

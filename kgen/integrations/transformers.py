@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..builder import device_arch
+from ..builder import build_op, device_arch
 from ..catalog import KgenError, load_spec
-from . import built
 
 OPS = ("rmsnorm", "silu_mul")  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" on request
 
@@ -44,7 +43,7 @@ def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, roo
             found = {p: target for p, target in found.items() if target is not None}
             if not found:
                 continue
-            repository = LocalLayerRepository(repo_path=built(op, arch, root, step), layer_name=layer.name)
+            repository = LocalLayerRepository(repo_path=build_op(op, arch, root, step), layer_name=layer.name)
             for path, target in found.items():
                 if inspect.isclass(target):
                     name = getattr(target, "kernel_layer_name", None) or layer.name
@@ -54,7 +53,8 @@ def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, roo
                     function = target
                     if not hasattr(function, "kernel_layer_name"):
                         function = use_kernel_forward_from_hub(layer.name)(function)
-                        setattr(sys.modules[path.rsplit(".", 1)[0]], path.rsplit(".", 1)[1], function)
+                        where, attr = path.rsplit(".", 1)
+                        setattr(sys.modules[where], attr, function)
                     model.__dict__.setdefault("_kernel_funcs", {})[path] = function
                     name = function.kernel_layer_name
                     functions[path] = (function, f"{op}.{layer.name}")
