@@ -14,57 +14,24 @@ import datetime
 import json
 import platform
 import statistics
-import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from .catalog import KgenError, data_dir, load_spec
+from .catalog import load_spec, suite, suite_table
+from .dsl import OpSpec, Tensor
+from .errors import UsageError
+from .families import family_of
+from .families.base import Case
 
 LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
 MB = 1e6
 
 
-@dataclass(frozen=True)
-class Case:
-    """One benchmark shape: the outputs' (for rotary ops, x's) shape; broadcast inputs per batch
-    ([..., 1, hidden]) or per token; params other than their defaults; a second rotated tensor's
-    head count."""
-
-    shape: tuple[int, ...]
-    per_batch: bool = False
-    params: tuple[tuple[str, float], ...] = ()
-    k_heads: int | None = None
-
-    @property
-    def label(self) -> str:
-        extra = [f"{k}={v:g}" for k, v in self.params] + ([f"k heads {self.k_heads}"] if self.k_heads else [])
-        return ("×".join(map(str, self.shape)) + (" per batch" if self.per_batch else "")
-                + (f" ({', '.join(extra)})" if extra else ""))
-
-    def param_values(self, spec) -> list:
-        given = dict(self.params)
-        return [(int if p.integer else float)(given.get(p.name, p.default)) for p in spec.params]
-
-
-def suite(op: str) -> list[Case]:
-    """An entry is a shape, or {shape = [...], per_batch = true, params = {...}, k_heads = N}."""
-    return [Case(tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads"))
-            if isinstance(e, dict) else Case(tuple(e)) for e in _suite_table(op)["shapes"]]
-
-
-def _suite_table(op: str) -> dict:
-    table = tomllib.loads((data_dir("bench") / "shapes.toml").read_text())
-    if op not in table:
-        raise KgenError(f"bench/shapes.toml has no shapes for {op!r}")
-    return table[op]
-
-
 def bars(row: dict, empty_us: float, compiled: str | None, vs_compile: float | None) -> dict[str, bool]:
-    """The speed-of-light bars (../shared/ANCHORS.md) that apply to one measured shape."""
+    """The speed-of-light bars (BENCHMARKS.md, "The bars") that apply to one measured shape."""
     kgen, out = row["times_us"]["kgen"], {}
     if row["best_peer_over_kgen"] is not None:
         out["<= best peer"] = row["best_peer_over_kgen"] >= 1
@@ -79,25 +46,10 @@ def bars(row: dict, empty_us: float, compiled: str | None, vs_compile: float | N
     return out
 
 
-def tensor_shape(spec, t, shape, per_batch: bool = False, k_heads: int | None = None) -> tuple[int, ...]:
-    """The shape of the spec's tensor t when the op's outputs (a rotary op's x) have ``shape``."""
-    shape = tuple(shape)
-    if t.coordinates:  # [B, axes, S] beside x [B, S, C]
-        return (shape[0], len(spec.structure.grid.axes), shape[1])
-    if spec.structure.kind == "rotary":
-        if t in spec.tables:  # x's shape without the head dim, batch 1 when per_batch
-            table = shape[:1] + shape[2:] if len(shape) == 4 else shape
-            return (1, *table[1:]) if per_batch and len(table) == 3 else table
-        if t.name != "x" and len(shape) == 4 and k_heads:
-            return (shape[0], k_heads, *shape[2:])
-        return shape
-    if t.packed:
-        return (*shape[:-1], 2 * shape[-1])
-    if not t.per_row:
-        return shape[-1:]
-    if t.broadcast and per_batch and len(shape) >= 2:
-        return (*shape[:-2], 1, shape[-1])
-    return shape
+def tensor_shape(spec: OpSpec, tensor: Tensor, shape, per_batch: bool = False,
+                 k_heads: int | None = None) -> tuple[int, ...]:
+    """The shape of the spec's tensor when the op's outputs (a rotary op's lead tensor) have ``shape``."""
+    return family_of(spec).tensor_shape(spec, tensor, Case(tuple(shape), per_batch, (), k_heads))
 
 
 def example_inputs(spec, shape, dtype, *, per_batch: bool = False, k_heads: int | None = None, generator=None,
@@ -163,7 +115,7 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     from .builder import build_op, device_arch, load
 
     if not torch.cuda.is_available():
-        raise KgenError("kgen bench needs a CUDA device")
+        raise UsageError("kgen bench needs a CUDA device")
     spec = load_spec(op)
     arch = device_arch()
     console.print(f"building {op} for {arch} ...")
@@ -179,9 +131,12 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     console.print(f"{torch.cuda.get_device_name()}: {LARGE_COPY_BYTES >> 30} GiB-traffic copy "
                   f"{large_copy:.0f} µs = {ceiling:.0f} GB/s; empty launch {empty:.1f} µs"
                   + ("; CUDA-graph replays" if graphs else ""))
-    vs_compile = _suite_table(op).get("max_time_vs_compile")
+    cases = suite(op)
+    if not cases:
+        raise UsageError(f"bench/shapes.toml has no shapes for {op!r}")
+    vs_compile = suite_table(op).get("max_time_vs_compile")
     rows_out = []
-    for case in suite(op):
+    for case in cases:
         params = case.param_values(spec)
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
         outputs = kernel(*inputs, *params)

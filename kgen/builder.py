@@ -1,7 +1,6 @@
-"""Build & load: compiles a generated project with nvcc and the host compiler into the
-build variant kernel-builder would produce (build/<variant>/ with __init__.py, _ops.py,
-metadata.json and <ops name>.abi3.so), so `kernels.get_local_kernel` loads it.
-No Nix, CMake or kernel-builder needed."""
+"""Build & load: writes a target's project (plans, rendering, the files on disk), compiles it with nvcc and the
+host compiler into the build variant kernel-builder would produce (build/<variant>/ with __init__.py, _ops.py,
+metadata.json and <ops name>.abi3.so), and loads it through `kernels`. No Nix, CMake or kernel-builder needed."""
 
 from __future__ import annotations
 
@@ -19,9 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .catalog import KgenError, arch_names, load_profile
+from .catalog import arch_names, load_profile
+from .errors import BuildError
+from .planner import plan_kernel
 from .profile import ArchProfile
-from .render import Target, render_local_files, resolve_target, write_project, write_tree
+from .project import Target, resolve_target, write_tree
+from .render import render_local_files, render_project
 
 CXX = os.environ.get("CXX", "c++")
 
@@ -31,7 +33,7 @@ def find_nvcc() -> str:
                       str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")):
         if candidate and Path(candidate).is_file():
             return candidate
-    raise KgenError("nvcc not found: put the CUDA toolkit's bin/ on PATH, or set NVCC or CUDA_HOME")
+    raise BuildError("nvcc not found: put the CUDA toolkit's bin/ on PATH, or set NVCC or CUDA_HOME")
 
 
 def cuda_home(nvcc: str) -> Path:
@@ -55,7 +57,7 @@ NVCC_FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-conste
 def _run(cmd: list[str], what: str) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise KgenError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+        raise BuildError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     return proc.stdout + proc.stderr
 
 
@@ -93,10 +95,10 @@ def _torch_env():
     try:
         import torch
     except ImportError as err:  # pragma: no cover - torch is a dependency
-        raise KgenError("building needs torch") from err
+        raise BuildError("building needs torch") from err
     root = Path(torch.__file__).parent
     if torch.version.cuda is None or not (root / "include/c10/cuda/impl/cuda_cmake_macros.h").is_file():
-        raise KgenError(f"torch {torch.__version__} is not a CUDA build (no CUDA headers); the bindings "
+        raise BuildError(f"torch {torch.__version__} is not a CUDA build (no CUDA headers); the bindings "
                         "need one, e.g. `pip install torch==2.14.1` (cu130)")
     return torch, root
 
@@ -125,10 +127,22 @@ def ops_name(project: Path, python_name: str, flags: list[str]) -> str:
     return f"_{python_name}_cuda_{digest.hexdigest()[:10]}"
 
 
+def render_target(target: Target) -> dict[str, str]:
+    """The target's project files (path -> text): every dtype planned, then rendered."""
+    plans = [plan_kernel(target.spec, target.profile, dtype, target.tuning) for dtype in target.dtypes]
+    return render_project(target.spec, target.profile, plans, target.spec_hash)
+
+
+def write_project(target: Target, out_root: Path) -> Path:
+    """Writes the target's project to out_root/<kernel name>/ (atomically, keeping a previous build/)."""
+    out_dir = Path(out_root) / target.kernel_name
+    write_tree(render_target(target), out_dir, keep=("build",))
+    return out_dir
+
+
 def build_project(project: Path, target: Target, step: Callable[[str], None] = lambda _: None) -> Path:
     """Compiles and links the target's project into project/build/<variant>/ (replaced atomically)."""
-    op, python_name, kernel_name = target.op, target.python_name, target.kernel_name
-    profile = load_profile(target.arch)
+    op, python_name, kernel_name, profile = target.op, target.python_name, target.kernel_name, target.profile
     torch, torch_root = _torch_env()
     nvcc = find_nvcc()
     home = cuda_home(nvcc)
@@ -193,7 +207,7 @@ def device_arch() -> str:
     major, minor = torch.cuda.get_device_capability()
     usable = [a for a in arch_names() if load_profile(a).capability_number <= major * 10 + minor]
     if not usable:
-        raise KgenError(f"no arch profile runs on this sm_{major}{minor} GPU")
+        raise BuildError(f"no arch profile runs on this sm_{major}{minor} GPU")
     return max(usable, key=lambda a: load_profile(a).capability_number)
 
 

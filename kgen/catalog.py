@@ -1,40 +1,48 @@
-"""Finds and loads op specs (ops/) and arch profiles (arch/), turning validation
-failures into KgenError messages that name the file, the field and what is expected."""
+"""Finds and loads what kgen reads: op specs (ops/, $KGEN_OPS_PATH), structure families from outside kgen
+($KGEN_FAMILIES_PATH), arch profiles and their tuning tables (arch/) and the benchmark shape suite
+(bench/shapes.toml), turning validation failures into errors that name the file, the field and what is
+expected."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import sys
 import tomllib
+import types
 from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from .dsl import OpSpec
+from .errors import ProfileError, SpecError
+from .families import families, family_of, register
+from .families.base import Case, Family
 from .profile import ArchProfile, TuningTable
 
 _PACKAGE = Path(__file__).resolve().parent
-
-
-class KgenError(Exception):
-    """A user-facing error: the CLI prints its message without a traceback."""
+_SPECS = "kgen_ops"  # the module package specs load under
+_FAMILIES = "kgen_families"  # ... and families from $KGEN_FAMILIES_PATH (importable by the specs using them)
 
 
 def data_dir(kind: str) -> Path:
-    """ops/, arch/ or codegen_templates/: inside the wheel (kgen/_data) or the source checkout."""
+    """ops/, arch/, bench/ or codegen_templates/: inside the wheel (kgen/_data) or the source checkout."""
     for candidate in (_PACKAGE / "_data" / kind, _PACKAGE.parent / kind):
         if candidate.is_dir():
             return candidate
-    raise KgenError(f"kgen's {kind}/ directory is missing from the installation at {_PACKAGE}")
+    raise SpecError(f"kgen's {kind}/ directory is missing from the installation at {_PACKAGE}")
+
+
+def _path_dirs(variable: str) -> list[Path]:
+    return [Path(p) for p in os.environ.get(variable, "").split(os.pathsep) if p]
 
 
 def ops_dirs() -> list[Path]:
     """KGEN_OPS_PATH (os.pathsep-separated) lets users add their own spec folders, searched first."""
-    extra = [Path(p) for p in os.environ.get("KGEN_OPS_PATH", "").split(os.pathsep) if p]
-    return extra + [data_dir("ops")]
+    return _path_dirs("KGEN_OPS_PATH") + [data_dir("ops")]
 
 
 def op_names() -> list[str]:
@@ -45,11 +53,11 @@ def arch_names() -> list[str]:
     return sorted(p.stem for p in data_dir("arch").glob("sm_*.toml"))
 
 
-def _format(err: ValidationError) -> str:
+def _format(err: ValidationError, title: str | None = None) -> str:
     """One line per error: Model.field.path: what is expected (got what)."""
     lines = []
     for e in err.errors():
-        where = ".".join([err.title, *(str(part) for part in e["loc"])])
+        where = ".".join([title or err.title, *(str(part) for part in e["loc"])])
         got = e.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         lines.append(f"  {where}: {e['msg']}{shown}")
@@ -62,49 +70,119 @@ def _frames(tb):
         tb = tb.tb_next
 
 
+def load_families() -> list[Family]:
+    """Registers the family modules of $KGEN_FAMILIES_PATH (each defines `family = <a Family>`), once per folder
+    list; they import as kgen_families.<module>."""
+    return _load_families(tuple(_path_dirs("KGEN_FAMILIES_PATH")))
+
+
 @cache
+def _load_families(dirs: tuple[Path, ...]) -> list[Family]:
+    package = sys.modules.get(_FAMILIES) or types.ModuleType(_FAMILIES)
+    package.__path__ = [str(d) for d in dirs]
+    sys.modules[_FAMILIES] = package
+    found = []
+    for path in sorted(p for d in dirs if d.is_dir() for p in d.glob("*.py") if not p.stem.startswith("_")):
+        try:
+            module = importlib.import_module(f"{_FAMILIES}.{path.stem}")
+        except ValidationError as err:
+            raise SpecError(f"family module {path} is invalid:\n{_format(err)}") from None
+        family = getattr(module, "family", None)
+        if family is None:
+            raise SpecError(f"family module {path} must define `family = <a kgen.families.base.Family>`")
+        found.append(register(family))
+    return found
+
+
+_loading: list[set[str]] = []  # the specs a spec being loaded loads in turn (its dependencies)
+_dependencies: dict[str, set[str]] = {}
+
+
 def load_spec(name: str) -> OpSpec:
+    """The op's spec, loaded once; a spec loaded while another loads is recorded as its dependency."""
+    if _loading:
+        _loading[-1].add(name)
+    return _load_spec(name)
+
+
+@cache
+def _load_spec(name: str) -> OpSpec:
+    load_families()
     # a file name found in a spec folder: never a path out of it
-    path = next((d / f"{name}.py" for d in ops_dirs() if (d / f"{name}.py").is_file()), None) if name in op_names() else None
+    path = next((d / f"{name}.py" for d in ops_dirs() if (d / f"{name}.py").is_file()), None) \
+        if name in op_names() else None
     if path is None:
-        raise KgenError(f"unknown op {name!r}; known ops: {', '.join(op_names()) or '(none)'}")
-    module_name = f"kgen_ops.{name}"
+        raise SpecError(f"unknown op {name!r}; known ops: {', '.join(op_names()) or '(none)'}")
+    module_name = f"{_SPECS}.{name}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module
+    _loading.append(set())
     try:
         loader_spec.loader.exec_module(module)
-    except ValidationError as err:
+    except Exception as err:  # noqa: BLE001 - any failure of the user's module is reported as the spec's
         line = next((tb.tb_lineno for tb in _frames(err.__traceback__)
                      if Path(tb.tb_frame.f_code.co_filename) == path), None)
         where = f"{path}:{line}" if line else str(path)
-        raise KgenError(f"spec {name!r} ({where}) is invalid:\n{_format(err)}") from None
+        if isinstance(err, ValidationError):
+            raise SpecError(f"spec {name!r} ({where}) is invalid:\n{_format(err)}") from None
+        hint = (" (a family module: is its folder on $KGEN_FAMILIES_PATH?)"
+                if isinstance(err, ModuleNotFoundError) and (err.name or "").startswith(_FAMILIES) else "")
+        raise SpecError(f"spec {name!r} ({where}) failed to load: {type(err).__name__}: {err}{hint}") from err
+    finally:
+        _dependencies[name] = _loading.pop()
     spec = getattr(module, "spec", None)
     if not isinstance(spec, OpSpec):
-        raise KgenError(f"spec {name!r} ({path}) must define `spec = OpSpec(...)`")
+        raise SpecError(f"spec {name!r} ({path}) must define `spec = OpSpec(...)`")
     if spec.name != name:
-        raise KgenError(f"spec {name!r} ({path}): name {spec.name!r} must equal the file name {name!r}")
+        raise SpecError(f"spec {name!r} ({path}): name {spec.name!r} must equal the file name {name!r}")
+    family_of(spec)  # a structure no registered family plans fails here, naming the spec
     return spec
 
 
+load_spec.cache_clear = _load_spec.cache_clear  # tests point $KGEN_OPS_PATH elsewhere
+
+
 def spec_hash(name: str) -> str:
-    """Content hash of the spec module: it names the spec version in emitted headers."""
+    """Content hash of the spec module and of the specs it loads: it names the spec version in emitted
+    headers."""
     load_spec(name)
-    path = Path(sys.modules[f"kgen_ops.{name}"].__file__)
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    digest, seen, todo = hashlib.sha256(), set(), [name]
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            digest.update(Path(sys.modules[f"{_SPECS}.{current}"].__file__).read_bytes())
+            todo += sorted(_dependencies.get(current, ()))
+    return digest.hexdigest()[:12]
 
 
 @cache
 def load_profile(name: str) -> ArchProfile:
+    load_families()
     path = data_dir("arch") / f"{name}.toml"
     if name not in arch_names():
-        raise KgenError(f"unknown arch {name!r}; known archs: {', '.join(arch_names())}")
+        raise ProfileError(f"unknown arch {name!r}; known archs: {', '.join(arch_names())}")
+    where = f"arch profile {name!r} ({path})"
     try:
-        return ArchProfile.model_validate(tomllib.loads(path.read_text()))
+        profile = ArchProfile.model_validate(tomllib.loads(path.read_text()))
     except tomllib.TOMLDecodeError as err:
-        raise KgenError(f"arch profile {name!r} ({path}) is not valid TOML: {err}") from None
+        raise ProfileError(f"{where} is not valid TOML: {err}") from None
     except ValidationError as err:
-        raise KgenError(f"arch profile {name!r} ({path}) is invalid:\n{_format(err)}") from None
+        raise ProfileError(f"{where} is invalid:\n{_format(err)}") from None
+    names = [f.name for f in families()]
+    unknown = sorted(set(profile.planner.model_extra or {}) - set(names))
+    if unknown:
+        raise ProfileError(f"{where} is invalid:\n  [planner.{unknown[0]}]: no structure family is named "
+                           f"{unknown[0]!r}; known: {', '.join(names)}")
+    for family in families():
+        try:
+            family.check_facts(profile)
+        except ValidationError as err:
+            raise ProfileError(f"{where} is invalid:\n{_format(err, f'ArchProfile.planner.{family.name}')}") from None
+        except ValueError as err:
+            raise ProfileError(f"{where} is invalid:\n  {err}") from None
+    return profile
 
 
 @cache
@@ -116,4 +194,15 @@ def load_tuning(arch: str) -> TuningTable | None:
     try:
         return TuningTable.model_validate(tomllib.loads(path.read_text()))
     except (tomllib.TOMLDecodeError, ValidationError) as err:
-        raise KgenError(f"tuning table {path} is invalid: {err}") from None
+        raise ProfileError(f"tuning table {path} is invalid: {err}") from None
+
+
+def suite(op: str) -> list[Case]:
+    """The op's benchmark shapes (bench/shapes.toml): a shape, or {shape = [...], per_batch = true,
+    params = {...}, k_heads = N}; none for an op the suite does not list."""
+    return [Case(tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads"))
+            if isinstance(e, dict) else Case(tuple(e)) for e in suite_table(op).get("shapes", [])]
+
+
+def suite_table(op: str) -> dict:
+    return tomllib.loads((data_dir("bench") / "shapes.toml").read_text()).get(op, {})

@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .catalog import KgenError, arch_names, load_profile, load_spec, load_tuning, op_names
+from .catalog import arch_names, load_profile, load_spec, load_tuning, op_names
+from .errors import KgenError, UsageError
 
 app = typer.Typer(help="Generate fused CUDA kernels and their PyTorch bindings from op specs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -68,10 +69,11 @@ def build(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="projects compiled at once (each runs 2 compilers)")] = 1,
 ) -> None:
     """Write kernel-builder projects (and with --compile, a local build `kernels` loads)."""
-    from .render import resolve_target, write_project
+    from .builder import build_project, write_project
+    from .project import resolve_target
 
     if all_ == (op is not None):
-        raise KgenError("give an op name or --all (not both)")
+        raise UsageError("give an op name or --all (not both)")
     ops = op_names() if all_ else [op]
     archs = arch or arch_names()
     targets = [resolve_target(o, a, dtype) for o in ops for a in archs]
@@ -87,8 +89,6 @@ def build(
         if compile_:
             from concurrent.futures import ThreadPoolExecutor
 
-            from .builder import build_project
-
             def compile_one(path, target):
                 variant = build_project(path, target, step=lambda msg: progress.update(task, description=msg))
                 progress.advance(task)
@@ -103,19 +103,19 @@ def _shape(text: str) -> tuple[int, int]:
     try:
         dims = [int(d) for d in text.lower().split("x")]
     except ValueError:
-        raise KgenError(f"--shape must look like 8192x4096 (leading dims x hidden), got {text!r}") from None
+        raise UsageError(f"--shape must look like 8192x4096 (leading dims x hidden), got {text!r}") from None
     if not dims or any(d < 1 for d in dims):
-        raise KgenError(f"--shape dims must be >= 1, got {text!r}")
+        raise UsageError(f"--shape dims must be >= 1, got {text!r}")
     return math.prod(dims[:-1]), dims[-1]
 
 
 def _dtype(name: str) -> str:
-    from .planner import DTYPE_BYTES
+    from .families.base import DTYPE_BYTES
 
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     name = aliases.get(name, name)
     if name not in DTYPE_BYTES:
-        raise KgenError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)")
+        raise UsageError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)")
     return name
 
 
@@ -141,7 +141,7 @@ def explain(
                   + (f"{len(tuned)} choice(s) from arch/tuning/{profile.name}.toml, the rest from rules" if tuned
                      else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"))
     table = Table("choice", "value", "why")
-    for choice in plan.choices(profile):
+    for choice in plan.choices:
         table.add_row(*choice)
     console.print(table)
     console.print(f"minimum traffic: {plan.min_bytes / 1e6:.2f} MB (each input read once, each output written once)")
@@ -175,7 +175,7 @@ def bench(
         console.print(path.read_text())
         return
     if (op is None) == (not all_ops):
-        raise KgenError("name one op, pass --all, or --e2e ltx|qwen3")
+        raise UsageError("name one op, pass --all, or --e2e ltx|qwen3")
     ops = op_names() if all_ops else [op]
     for i, name in enumerate(ops, 1):
         if all_ops:
@@ -221,10 +221,7 @@ def plot(
 
     source = results / f"{op}.json"
     if not source.is_file():
-        raise KgenError(f"no benchmark results at {source}: run `kgen bench {op}` on a GPU first")
+        raise UsageError(f"no benchmark results at {source}: run `kgen bench {op}` on a GPU first")
     draw(json.loads(source.read_text()), results / f"{op}.png")
     console.print(f"wrote {results / f'{op}.png'}")
 
-
-def main() -> None:  # pragma: no cover
-    app()

@@ -1,16 +1,17 @@
 """The op-spec DSL: what an op computes, never how it is scheduled.
 
 An op spec (one module in ops/) declares its tensors, scalar params, the math as sympy expressions, its structure,
-its PyTorch reference and the layers it replaces. Everything here is validated with pydantic when the spec module
-is loaded, so a malformed spec fails with the spec, the field and what was expected.
+its PyTorch reference and the layers it replaces. This module holds what every spec shares; each structure kind
+(row reduction, elementwise, rotary, ...) is a `Structure` defined by its family in kgen/families/, which adds its
+own fields, symbols and rules. Everything is validated with pydantic when the spec module is loaded, so a malformed
+spec fails with the spec, the field and what was expected.
 
-Symbols an expression may use:
+Symbols every expression may use:
 - a tensor's name stands for that tensor's element at the current position (fp32);
 - a param's name stands for its value;
 - a packed input's two halves, by the names in its ``halves``;
 - ``hidden`` (the last dim of the outputs) and ``inv_hidden`` (1/hidden rounded to fp32);
-- inside a reduction's ``finalize``: ``row_sum``, the sum of the summand over the row;
-- every statistic of an earlier reduction (all of them in an epilogue).
+and those its structure adds (a reduction's statistics, a rotary pair's cos and sin, ...).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dis
 import inspect
 import keyword
 import re
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
 import sympy as sp
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt,
@@ -39,10 +40,12 @@ xor_eq""".split())
 
 def _check(ok: Callable[[Any], Any], why: str) -> AfterValidator:
     """A field constraint: the value if ok(value), else the field's error 'must be <why>' (pydantic adds the value)."""
+
     def check(value):
         if not ok(value):
             raise ValueError(f"must be {why}")
         return value
+
     return AfterValidator(check)
 
 
@@ -60,21 +63,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
 
-hidden, inv_hidden, row_sum = sp.symbols("hidden inv_hidden row_sum")
+hidden, inv_hidden = sp.symbols("hidden inv_hidden")
 BUILTIN_SYMBOLS = {"hidden", "inv_hidden"}
-# What the generated C++ declares beside the spec's names (binding locals and helpers, Args, kernel helpers; found by
-# compiling probe specs) and the suffixes of each tensor's own locals (x_rows, x_row_stride, x4): these don't compile.
-GENERATED_NAMES = {"op", "dtype", "convention", "inplace", "params", "args", "rows", "inner", "batch", "tokens",
-                   "out_shape", "guard", "err", "as_rows", "as_broadcast_rows", "as_bhtd", "check_device", "io_dtype",
-                   "shape_str", "check_capability", "accesses", "fetch", "from_global", "lane", "partial", "row",
-                   "scratch", "col", "per_row", "positions", "stride", "pack", "to_float", "from_float", "load_floats",
-                   "store_floats", "ceil_div", "aligned", "round_to_io", "row_reduce_sum", "for_each_access", "to_pair",
-                   "torch", "ops", "list", "self", "i", "j", "g"}  # torch..self: the Python wrapper's; i, j, g: loops
-GENERATED_SUFFIXES = ("_row", "_rows", "_col", "_in", "_f", "_v", "_regs", "_shared", "_pair", "_heads", "3", "4", "_stride")
-# rotary: an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second
-cos, sin, sign = sp.symbols("cos sin sign")
-# grid angles: k (a frequency's index), n_freq (how many), coord (an axis coordinate), freq
-k, n_freq, coord, freq = sp.symbols("k n_freq coord freq")
+# What the project templates (binding, Python wrapper, CUDA helpers) declare beside the spec's names, found by
+# compiling probe specs; each family adds its kernels' own (Structure.declares). These would not compile, or would
+# shadow the spec's tensor.
+GENERATED_NAMES = {"op", "dtype", "convention", "inplace", "params", "args", "out_shape", "guard", "err",
+                   "check_device", "io_dtype", "shape_str", "check_capability", "pack", "to_float", "from_float",
+                   "ceil_div", "aligned", "round_to_io", "to_pair", "torch", "ops", "list", "self"}
+# the suffixes of each tensor's own locals in generated code (x_rows, x_row_stride, x4)
+GENERATED_SUFFIXES = ("_row", "_rows", "_col", "_in", "_f", "_v", "_regs", "_shared", "_pair", "_heads", "3", "4",
+                      "_stride")
 
 
 class to_io_dtype(sp.Function):
@@ -96,16 +95,14 @@ SympyExpr = Annotated[sp.Expr, PlainValidator(_sympy_expr)]
 
 
 class Tensor(_Model):
-    """A tensor argument or result. ``dims`` is ``"*rows hidden"`` (any number of leading dims,
-    the op working along the last), ``"hidden"`` (one value per column) or ``"*rows 2*hidden"``
-    (a packed input: two halves along the last dim, named by ``halves``, e.g. GEGLU's hidden and
-    gate). ``broadcast`` lets a '*rows hidden' input broadcast over x's leading dims (e.g. a
-    per-batch [B, 1, C] modulation beside a [B, S, C] x). ``"batch axes tokens"`` is a float32
-    [B, axes, S] tensor of per-token grid coordinates (a rotary op's GridAngles.coordinates_input)."""
+    """A tensor argument or result. ``dims`` says how it lines up with the op's work: ``"*rows hidden"`` (any
+    number of leading dims, the op working along the last), ``"hidden"`` (one value per column, e.g. a weight),
+    ``"*rows 2*hidden"`` (a packed input: two halves along the last dim, named by ``halves``, e.g. GEGLU's hidden
+    and gate), or another layout its structure's family defines. ``broadcast`` lets a '*rows hidden' input
+    broadcast over the lead tensor's leading dims (e.g. a per-batch [B, 1, C] modulation beside a [B, S, C] x)."""
 
     name: Identifier
-    dims: Annotated[str, _check(re.compile(r"(\*rows )?(2\*)?hidden|batch axes tokens").fullmatch,
-                                "'*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens'")]
+    dims: Annotated[str, Field(pattern=r"^[a-z0-9*]+( [a-z0-9*]+)*$")]
     role: Literal["input", "output"] = "input"
     dtype: Literal["io", "float32"] = "io"  # io: the op's I/O dtype (float32, float16 or bfloat16)
     optional: bool = False
@@ -115,35 +112,35 @@ class Tensor(_Model):
     doc: Text = ""
 
     @model_validator(mode="after")
-    def _optional(self) -> Tensor:
+    def _consistent(self) -> Tensor:
         if self.optional and self.absent_value is None:
             raise ValueError(f"optional tensor {self.name!r} needs absent_value (its element value when None)")
         if self.optional and self.role == "output":
             raise ValueError(f"output {self.name!r} cannot be optional")
         if (self.halves is not None) != self.packed:
-            raise ValueError(f"tensor {self.name!r}: 'halves' names the two halves of a '*rows 2*hidden' "
-                             "input, and such an input needs them")
+            raise ValueError(f"tensor {self.name!r} (dims {self.dims!r}): 'halves' names the two halves of a "
+                             "'*rows 2*hidden' input, and such an input needs them")
         if self.packed and (self.role == "output" or self.optional):
             raise ValueError(f"packed tensor {self.name!r} must be a required input")
         if self.broadcast and (self.dims != "*rows hidden" or self.role == "output"):
             raise ValueError(f"tensor {self.name!r}: only a '*rows hidden' input can broadcast")
         if self.dtype != "io" and self.role == "output":
             raise ValueError(f"output {self.name!r} has the I/O dtype")
-        if self.coordinates and (self.dtype != "float32" or self.role == "output" or self.optional):
-            raise ValueError(f"tensor {self.name!r}: grid coordinates are a required float32 input")
         return self
 
     @property
     def packed(self) -> bool:
-        return self.dims.endswith("2*hidden")
-
-    @property
-    def coordinates(self) -> bool:
-        return self.dims == "batch axes tokens"
+        return self.dims == "*rows 2*hidden"
 
     @property
     def per_row(self) -> bool:
+        """Leading dims that follow the lead tensor's: '*rows ...'."""
         return self.dims.startswith("*rows")
+
+    @property
+    def column(self) -> bool:
+        """One value per column: 'hidden'."""
+        return self.dims == "hidden"
 
 
 class Param(_Model):
@@ -163,18 +160,9 @@ class Param(_Model):
         return self
 
 
-class Reduction(_Model):
-    """``stat = finalize(row_sum)`` where ``row_sum`` is the fp32 sum of ``summand`` over the row."""
-
-    stat: Identifier
-    summand: SympyExpr
-    finalize: SympyExpr
-
-
 class Convention(_Model):
-    """One numerics convention: the epilogue expression of every output, and whom it matches.
-    ``prologue`` (row_reduce) replaces the structure's prologue expressions where a library
-    rounds differently on the way in."""
+    """One numerics convention: the expression of every output, and whom it matches. ``prologue`` replaces the
+    structure's prologue expressions where a library rounds differently on the way in (structures with one)."""
 
     name: Identifier
     matches: Text
@@ -182,56 +170,25 @@ class Convention(_Model):
     prologue: dict[Identifier, SympyExpr] = {}
 
 
-class Elementwise(_Model):
-    """Each output element from the inputs' elements at the same position (a packed input's
-    halves at the same column), per convention. The first convention is the default."""
+class Structure(_Model):
+    """The base of every structure kind: how the op's elements relate (a row reduction, elementwise, a pairwise
+    rotation, ...). A family module in kgen/families/ (or on $KGEN_FAMILIES_PATH) defines a subclass with its own
+    fields and rules, and plans and renders it. The first convention is the default."""
 
-    kind: Literal["elementwise"] = "elementwise"
+    kind: str
     conventions: list[Convention] = Field(min_length=1)
 
+    dims: ClassVar[tuple[str, ...]] = ("*rows hidden", "hidden")  # the tensor layouts this kind takes
+    declares: ClassVar[frozenset[str]] = frozenset()  # identifiers its templates declare beside the spec's names
 
-class GridAngles(_Model):
-    """Rotary angles computed in the kernel from each token's place on a latent grid (LTX-Video's
-    3D RoPE). Tokens run row-major over the integer params ``sizes``; ``axes`` name the index along
-    each. The first C mod (2·axes) channels pass through (cos 1, sin 0); channel c >= that pad is in
-    pair j = (c - pad) // 2, with frequency k = j // len(axes) of n_freq = C // (2·axes) and axis
-    j mod len(axes). ``coordinates`` (one per axis, of its index and params), ``frequency`` (of k
-    and n_freq) and ``angle`` (of freq and coord) are fp32 math."""
+    def names(self) -> list[str]:
+        """Names the structure introduces beside the spec's tensors and params (a reduction's statistics, ...)."""
+        return []
 
-    axes: list[Identifier] = Field(min_length=1, max_length=3)
-    sizes: list[Identifier] = Field(default=[], max_length=3)
-    coordinates: list[SympyExpr]
-    # a 'batch axes tokens' input giving each token's coordinates (diffusers' video_coords) instead
-    # of the sizes; then ``coordinates`` map each given value (the axis symbol) to the coordinate
-    coordinates_input: Identifier | None = None
-    frequency: SympyExpr
-    angle: SympyExpr
-
-
-class Rotary(_Model):
-    """Pairwise rotation of each '*rows hidden' io input (q, and optionally k) into the outputs,
-    in order: pairs (2i, 2i + 1) ("interleaved", GPT-J / Flux / LTX-Video) or (i, i + D/2)
-    ("half", Llama's rotate_half). cos and sin per element come from input tensors named cos and
-    sin (broadcast over batch and heads), or from ``grid``. Each convention gives an output its
-    element from the input's element, ``<input>_pair``, cos, sin and sign."""
-
-    kind: Literal["rotary"] = "rotary"
-    pairing: Literal["interleaved", "half"]
-    grid: GridAngles | None = None
-    conventions: list[Convention] = Field(min_length=1)
-
-
-class RowReduce(_Model):
-    """An optional prologue (per-element values computed from the '*rows hidden' inputs, kept on
-    chip in the I/O dtype in their place, e.g. r = x + residual), reductions over the last dim (in
-    order; a later one may use earlier stats), then an elementwise epilogue per convention. The
-    first convention is the default. Row inputs that only the epilogue uses are read there, not
-    kept on chip."""
-
-    kind: Literal["row_reduce"] = "row_reduce"
-    prologue: dict[Identifier, SympyExpr] = {}
-    reductions: list[Reduction] = Field(min_length=1)
-    conventions: list[Convention] = Field(min_length=1)
+    def check(self, spec: OpSpec) -> set[str]:
+        """The kind's rules, raising ValueError; returns the symbols (beyond params and builtins) that the
+        conventions' output expressions may use."""
+        raise NotImplementedError
 
 
 class Layer(_Model):
@@ -245,9 +202,9 @@ class Layer(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]{0,39}$")]
     replaces: list[Annotated[str, Field(pattern=DOTTED_PATH)]] = Field(min_length=1)
     forward_args: list[Identifier] = Field(min_length=1)
-    bind: dict[str, Annotated[str, _check(re.compile(r"(self\.)?[a-z_][a-z0-9_]*|self\.[a-z_][a-z0-9_]*\([a-z_][a-z0-9_]*\)"
-                                                     ).fullmatch, "a forward argument, 'self.<attribute>' or "
-                                                                  "'self.<submodule>(<forward argument>)'")]]
+    bind: dict[str, Annotated[str, _check(re.compile(
+        r"(self\.)?[a-z_][a-z0-9_]*|self\.[a-z_][a-z0-9_]*\([a-z_][a-z0-9_]*\)").fullmatch,
+        "a forward argument, 'self.<attribute>' or 'self.<submodule>(<forward argument>)'")]]
     returns: Annotated[str, Field(pattern=r"^self\.[a-z_][a-z0-9_]*$")] | None = None
     condition: Callable[[Any], bool] | None = None
     defaults: dict[Identifier, StrictBool | StrictInt] = {}
@@ -259,7 +216,7 @@ class OpSpec(_Model):
     summary: Text = Field(min_length=1)
     tensors: list[Tensor] = Field(min_length=2)
     params: list[Param] = []
-    structure: RowReduce | Elementwise | Rotary = Field(discriminator="kind")
+    structure: Structure
     reference: Callable[..., Any]
     layers: list[Layer] = []
     # Implementations users run today, called like the op (inputs, then params): the benchmark's
@@ -272,70 +229,34 @@ class OpSpec(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> OpSpec:
         structure = self.structure
-        reductions = getattr(structure, "reductions", [])
-        prologue = getattr(structure, "prologue", {})
+        for i, t in enumerate(self.tensors):
+            if t.dims not in structure.dims:
+                raise ValueError(f"tensors.{i}.dims: {structure.kind} ops take tensors of dims "
+                                 f"{' or '.join(map(repr, structure.dims))}, got {t.dims!r}")
         halves = [h for t in self.tensors if t.halves for h in t.halves]
+        outputs = {t.name for t in self.outputs}
         names = [t.name for t in self.tensors] + [p.name for p in self.params] + halves
-        stats = [r.stat for r in reductions]
-        outputs = {t.name for t in self.tensors if t.role == "output"}
-        names += [v for v in prologue if v not in outputs]  # a prologue value may be written as an output
-        dupes = {n for n in names + stats if (names + stats).count(n) > 1}
+        names += [n for n in structure.names() if n not in outputs]  # a structure's value may be written out
+        dupes = {n for n in names if names.count(n) > 1}
         if dupes:
-            raise ValueError(f"names must be unique across tensors, halves, params and stats; repeated: {sorted(dupes)}")
-        loop_k = set() if structure.kind == "rotary" else {"k"}  # row kernels' loop; rotary kernels read args.k
-        clash = (set(names) | set(stats)) & (BUILTIN_SYMBOLS | {"row_sum"} | GENERATED_NAMES | loop_k)
+            raise ValueError("names must be unique across tensors, halves, params and the structure's values; "
+                             f"repeated: {sorted(dupes)}")
+        clash = set(names) & (BUILTIN_SYMBOLS | GENERATED_NAMES | structure.declares)
         clash |= {n for n in names for m in names if n != m and n.startswith(m) and n.endswith(GENERATED_SUFFIXES)}
         if clash:
             raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols (identifiers of the "
                              "generated code, or another name plus a suffix the generated code appends)")
-        row_inputs = [t for t in self.tensors if t.role == "input" and t.per_row]
-        if not row_inputs or row_inputs[0].name != "x" or row_inputs[0].broadcast:
-            raise ValueError("an op's first '*rows ...' input must be named 'x' and not broadcast "
-                             "(the tensor whose dtype, device and shape the op follows)")
-        flags = [t.optional for t in self.tensors if t.role == "input"]
+        lead = next((t for t in self.inputs if t.per_row), None)
+        if lead is None or lead.broadcast or lead.optional or lead.dtype != "io":
+            raise ValueError("an op's first '*rows ...' input leads (the op follows its dtype, device and leading "
+                             "dims): there must be one, required, in the I/O dtype and not broadcast")
+        flags = [t.optional for t in self.inputs]
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
-        ref_params = inspect.signature(self.reference).parameters
-        copied = [self.reference, *reference_helpers(self.reference)]
-        foreign = set().union(*(_global_names(f.__code__) for f in copied)) - REFERENCE_GLOBALS - set(dir(builtins)) \
-            - {f.__name__ for f in copied}
-        if foreign:
-            raise ValueError(f"reference uses {sorted(foreign)} from its module; a generated project's test "
-                             f"copies the reference and the functions it calls, with {sorted(REFERENCE_GLOBALS)} "
-                             "imported")
-        if len(structure.conventions) > 1 and "convention" not in ref_params:
-            raise ValueError("reference must take a `convention` argument (the op has several conventions)")
-        if not outputs or any(not t.per_row for t in self.tensors if t.role == "output"):
+        if not outputs or any(t.dims != "*rows hidden" for t in self.outputs):
             raise ValueError("an op needs '*rows hidden' outputs only, and at least one")
-
-        params = {p.name for p in self.params}
-        known = set(params) | BUILTIN_SYMBOLS
-        columns = {t.name for t in self.tensors if t.role == "input" and not t.per_row and not t.coordinates}
-        given = {t.name for t in self.tensors if t.coordinates}
-        if given != ({structure.grid.coordinates_input} - {None} if getattr(structure, "grid", None) else set()):
-            raise ValueError("a 'batch axes tokens' input is the coordinates_input of a rotary op's grid angles, "
-                             "and that input needs one")
-        if structure.kind == "rotary":
-            inputs = self._check_rotary(columns)
-        elif structure.kind == "elementwise":
-            if columns or any(t.broadcast for t in self.tensors):
-                raise ValueError("an elementwise op takes '*rows hidden' and '*rows 2*hidden' inputs only "
-                                 "(no per-column or broadcast inputs)")
-            inputs = {t.name for t in row_inputs if not t.packed} | set(halves)
-        else:
-            if any(t.packed for t in self.tensors):
-                raise ValueError("packed '*rows 2*hidden' inputs belong to elementwise ops")
-            row_names = {t.name for t in row_inputs}
-            for name, expr in prologue.items():
-                _check_symbols(expr, row_names | known, f"structure.prologue.{name}")
-            if prologue and not set().union(*(map(str, e.free_symbols) for e in prologue.values())) & row_names:
-                raise ValueError("structure.prologue: reads no '*rows ...' input (its values stand for the row's)")
-            row_values = set(prologue) or row_names  # what the later passes read from the row
-            for i, red in enumerate(reductions):
-                _check_symbols(red.summand, row_values | known, f"structure.reductions.{i}.summand", False)
-                _check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize", False)
-                known.add(red.stat)
-            inputs = row_values | columns | set(self.late_inputs)
+        self._check_reference()
+        symbols = structure.check(self) | {p.name for p in self.params} | BUILTIN_SYMBOLS
         seen = set()
         for i, conv in enumerate(structure.conventions):
             if conv.name in seen:
@@ -345,63 +266,45 @@ class OpSpec(_Model):
                 raise ValueError(f"structure.conventions.{i}.outputs: expected one expression for each of "
                                  f"{sorted(outputs)}, got {sorted(conv.outputs)}")
             for out, expr in conv.outputs.items():
-                _check_symbols(expr, inputs | known, f"structure.conventions.{i}.outputs.{out}")
-            if not set(conv.prologue) <= set(prologue):
-                raise ValueError(f"structure.conventions.{i}.prologue: may only replace the structure's prologue "
-                                 f"values {sorted(prologue)}, got {sorted(conv.prologue)}")
-            for name, expr in conv.prologue.items():
-                _check_symbols(expr, {t.name for t in row_inputs} | set(params) | BUILTIN_SYMBOLS,
-                               f"structure.conventions.{i}.prologue.{name}")
-        overwritable = {t.name for t in row_inputs if t.dtype == "io" and not (t.packed or t.broadcast or t.optional)}
+                check_symbols(expr, symbols, f"structure.conventions.{i}.outputs.{out}")
+        overwritable = {t.name for t in self.row_inputs if t.dims == "*rows hidden" and t.dtype == "io"
+                        and not (t.broadcast or t.optional)}
         if not set(self.inplace) <= outputs or not set(self.inplace.values()) <= overwritable:
             raise ValueError(f"inplace: maps outputs {sorted(outputs)} to the inputs they overwrite, required "
                              f"'*rows hidden' inputs of the same shape {sorted(overwritable)}; got {self.inplace}")
-        op_args = {t.name for t in self.tensors if t.role == "input"} | params
+        self._check_layers(seen)
+        return self
+
+    def _check_reference(self) -> None:
+        copied = [self.reference, *reference_helpers(self.reference)]
+        foreign = set().union(*(_global_names(f.__code__) for f in copied)) - REFERENCE_GLOBALS - set(dir(builtins)) \
+            - {f.__name__ for f in copied}
+        if foreign:
+            raise ValueError(f"reference uses {sorted(foreign)} from its module; a generated project's test "
+                             f"copies the reference and the functions it calls, with {sorted(REFERENCE_GLOBALS)} "
+                             "imported")
+        if len(self.structure.conventions) > 1 and "convention" not in inspect.signature(self.reference).parameters:
+            raise ValueError("reference must take a `convention` argument (the op has several conventions)")
+
+    def _check_layers(self, conventions: set[str]) -> None:
+        required = {t.name for t in self.inputs}
+        op_args = required | {p.name for p in self.params}
         for i, layer in enumerate(self.layers):
-            if layer.convention not in seen:
-                raise ValueError(f"layers.{i}.convention: {layer.convention!r} is not one of {sorted(seen)}")
-            required = {t.name for t in self.tensors if t.role == "input"}
+            if layer.convention not in conventions:
+                raise ValueError(f"layers.{i}.convention: {layer.convention!r} is not one of {sorted(conventions)}")
             if not required <= set(layer.bind) or not set(layer.bind) <= op_args:
                 raise ValueError(f"layers.{i}.bind: expected keys {sorted(op_args)} (every input), "
                                  f"got {sorted(layer.bind)}")
-            args = {re.sub(r"^self\.\w+\((\w+)\)$", r"\1", v) for v in layer.bind.values() if "self." not in v or "(" in v}
+            args = {re.sub(r"^self\.\w+\((\w+)\)$", r"\1", v) for v in layer.bind.values()
+                    if "self." not in v or "(" in v}
             if not args <= set(layer.forward_args):
-                raise ValueError(f"layers.{i}.bind: {sorted(args - set(layer.forward_args))} are not forward arguments "
-                                 f"{layer.forward_args}")
+                raise ValueError(f"layers.{i}.bind: {sorted(args - set(layer.forward_args))} are not forward "
+                                 f"arguments {layer.forward_args}")
             tail = layer.forward_args[len(layer.forward_args) - len(layer.defaults):]
             if set(layer.forward_args) - args - set(layer.defaults) or set(layer.defaults) != set(tail):
-                raise ValueError(f"layers.{i}.defaults: every forward argument no op argument is bound to needs one, "
-                                 f"and they are the last arguments; got {layer.defaults} for {layer.forward_args}")
-        return self
-
-    def _check_rotary(self, columns: set[str]) -> set[str]:
-        """The rotary rules; returns the symbols an output expression may use."""
-        structure, rotated, tables = self.structure, self.rotated_inputs, self.tables
-        if columns or any(t.packed or t.optional or t.broadcast for t in rotated):
-            raise ValueError("a rotary op rotates required '*rows hidden' inputs (q, and optionally k) and may take "
-                             "cos and sin tensors; nothing else")
-        if len(rotated) > 2 or len(rotated) != len(self.outputs):
-            raise ValueError(f"a rotary op has one output per rotated input (at most 2): inputs "
-                             f"{[t.name for t in rotated]}, outputs {[t.name for t in self.outputs]}")
-        if structure.grid is None and (len(tables) != 2 or any(not t.broadcast for t in tables)):
-            raise ValueError("a rotary op without grid angles takes cos and sin tensors with broadcast=True")
-        if any(self.inplace.get(o.name, r.name) != r.name for o, r in zip(self.outputs, rotated)):
-            raise ValueError("inplace: a rotary op's output may only overwrite its own rotated input")
-        names, grid = {t.name for t in rotated}, structure.grid
-        if grid is not None:
-            if tables or structure.pairing != "interleaved":
-                raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
-            ints = {p.name for p in self.params if p.integer}
-            sizes = len(grid.axes) if grid.coordinates_input is None else 0
-            if not set(grid.sizes) <= ints or not (len(grid.sizes) == sizes and len(grid.axes) == len(grid.coordinates)):
-                raise ValueError(f"structure.grid: one coordinate per axis, and one size per axis (an integer param; "
-                                 f"have {sorted(ints)}) unless the coordinates come from coordinates_input")
-            floats = {p.name for p in self.params if not p.integer}
-            for axis, expr in zip(grid.axes, grid.coordinates):
-                _check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}", False)
-            _check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency", False)
-            _check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle", False)
-        return names | {f"{n}_pair" for n in names} | {"cos", "sin", "sign"}
+                raise ValueError(f"layers.{i}.defaults: every forward argument no op argument is bound to needs "
+                                 f"one, and they are the last arguments; got {layer.defaults} for "
+                                 f"{layer.forward_args}")
 
     # -- views the other rooms read ------------------------------------------------------------
     @property
@@ -409,52 +312,34 @@ class OpSpec(_Model):
         return [t for t in self.tensors if t.role == "input"]
 
     @property
-    def row_inputs(self) -> list[Tensor]:
-        return [t for t in self.inputs if t.per_row]
-
-    @property
-    def column_inputs(self) -> list[Tensor]:
-        return [t for t in self.inputs if not t.per_row and not t.coordinates]
-
-    @property
-    def tables(self) -> list[Tensor]:
-        """rotary: the cos and sin inputs."""
-        return [t for t in self.inputs if t.name in ("cos", "sin")]
-
-    @property
-    def rotated_inputs(self) -> list[Tensor]:
-        """rotary: the tensors rotated into the outputs, in order (x, then k)."""
-        return [t for t in self.inputs if t.dtype == "io" and t.name not in ("cos", "sin")]
-
-    @property
     def outputs(self) -> list[Tensor]:
         return [t for t in self.tensors if t.role == "output"]
 
     @property
-    def row_values(self) -> list[str]:
-        """row_reduce: the per-element values kept on chip: the prologue's, else the row inputs
-        the reductions read."""
-        structure = self.structure
-        if structure.kind != "row_reduce":
-            return []
-        if structure.prologue:
-            return list(structure.prologue)
-        used = {str(s) for r in structure.reductions for s in r.summand.free_symbols}
-        return [t.name for t in self.row_inputs if t.name in used or t.name == "x"]
+    def row_inputs(self) -> list[Tensor]:
+        """The inputs with leading dims ('*rows ...'), the lead first."""
+        return [t for t in self.inputs if t.per_row]
 
     @property
-    def late_inputs(self) -> list[str]:
-        """row_reduce: the row inputs only the epilogue reads (read there, never kept on chip)."""
-        structure = self.structure
-        if structure.kind != "row_reduce":
-            return []
-        prologues = [structure.prologue] + [c.prologue for c in structure.conventions]
-        early = {str(s) for p in prologues for e in p.values() for s in e.free_symbols} | set(self.row_values)
-        return [t.name for t in self.row_inputs if t.name not in early]
+    def column_inputs(self) -> list[Tensor]:
+        return [t for t in self.inputs if t.column]
+
+    @property
+    def lead(self) -> Tensor:
+        """The first '*rows ...' input: the op follows its dtype, device and leading dims."""
+        return self.row_inputs[0]
 
     @property
     def default_convention(self) -> str:
         return self.structure.conventions[0].name
+
+    def variant(self, convention: str, inplace: bool = False) -> str:
+        """The name of the op registered for a convention: the op's own for the default, `<op>_<convention>` for
+        the others; `_` appended for the in-place form."""
+        names = [c.name for c in self.structure.conventions]
+        if convention not in names:
+            raise ValueError(f"{self.name}: convention must be one of {names}, got {convention!r}")
+        return self.name + ("" if convention == names[0] else f"_{convention}") + ("_" if inplace else "")
 
 
 def reference_helpers(fn, seen: tuple = ()) -> list[Callable]:
@@ -477,8 +362,9 @@ def _global_names(code) -> set[str]:
     return names
 
 
-def _check_symbols(expr: sp.Expr, allowed: set[str], where: str, rounds: bool = True) -> None:
-    """``rounds``: to_io_dtype may appear (not in reductions and grid angles: fp32 code with no I/O dtype)."""
+def check_symbols(expr: sp.Expr, allowed: set[str], where: str, rounds: bool = True) -> None:
+    """Refuses symbols outside ``allowed`` and functions with no CUDA printing. ``rounds``: to_io_dtype may
+    appear (not in fp32 code with no I/O dtype, e.g. reductions)."""
     unknown = sorted(str(s) for s in expr.free_symbols if str(s) not in allowed)
     if unknown:
         raise ValueError(f"{where}: unknown symbols {unknown}; allowed here: {sorted(allowed)}")

@@ -11,28 +11,12 @@ class Device(BaseModel):
     memory_bandwidth_gbs: float = Field(gt=0)
 
 
-class LadderStep(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    max_row_bytes: int = Field(gt=0)
-    threads: int = Field(gt=0)
-
-
 class PlannerFacts(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    row_register_bytes_per_thread: int = Field(ge=16, multiple_of=16)
-    threads_per_row: list[LadderStep] = Field(min_length=1)
-    block_threads: int = Field(ge=32, multiple_of=32)
-    min_blocks_per_sm: int = Field(ge=1)
+    """[planner]: the schedule's facts every family reads, and one table per family ([planner.<family>]) that
+    the family validates with its own schema."""
 
-    @model_validator(mode="after")
-    def _ladder(self) -> PlannerFacts:
-        steps = self.threads_per_row
-        if any(b.max_row_bytes <= a.max_row_bytes for a, b in zip(steps, steps[1:])):
-            raise ValueError("threads_per_row: max_row_bytes must increase step by step")
-        for step in steps:
-            if step.threads & (step.threads - 1):
-                raise ValueError(f"threads_per_row: threads must be a power of two, got {step.threads}")
-        return self
+    model_config = ConfigDict(extra="allow", frozen=True)
+    block_threads: int = Field(ge=32, multiple_of=32)
 
 
 class ArchProfile(BaseModel):
@@ -40,7 +24,8 @@ class ArchProfile(BaseModel):
     name: str = Field(pattern=r"^sm_\d{2,3}$")
     compute_capability: str = Field(pattern=r"^\d+\.\d$")
     sm_count: int = Field(gt=0)
-    warp_size: int = 32
+    warp_size: int = Field(gt=0)
+    max_access_bytes: int = Field(gt=0)  # the widest global load or store one thread issues
     max_threads_per_block: int = Field(gt=0)
     max_threads_per_sm: int = Field(gt=0)
     registers_per_sm: int = Field(gt=0)
@@ -50,14 +35,13 @@ class ArchProfile(BaseModel):
     l2_bytes: int = Field(gt=0)
     bf16: bool
     clusters: bool
-    max_cluster_size: int = Field(ge=1)
     devices: list[Device] = Field(min_length=1)
     planner: PlannerFacts
 
     @model_validator(mode="after")
     def _consistent(self) -> ArchProfile:
-        if self.planner.threads_per_row[-1].threads > self.max_threads_per_block:
-            raise ValueError("planner.threads_per_row asks for more threads than max_threads_per_block")
+        if self.planner.block_threads > self.max_threads_per_block:
+            raise ValueError("planner.block_threads is more than max_threads_per_block")
         if self.name != "sm_" + self.compute_capability.replace(".", ""):
             raise ValueError(f"name {self.name!r} does not match compute_capability {self.compute_capability!r}")
         return self
@@ -65,6 +49,14 @@ class ArchProfile(BaseModel):
     @property
     def dtypes(self) -> list[str]:
         return ["float32", "float16"] + (["bfloat16"] if self.bf16 else [])
+
+    def family_facts(self, family: str) -> dict:
+        """The [planner.<family>] table (empty if the profile has none)."""
+        return (self.planner.model_extra or {}).get(family, {})
+
+    def register_cap(self, block_threads: int) -> int:
+        """The 32-bit registers a thread may hold in a block of ``block_threads``."""
+        return min(self.max_registers_per_thread, self.registers_per_sm // block_threads)
 
     @property
     def capability_number(self) -> int:

@@ -10,17 +10,19 @@ takes a candidate only if it beats the rule on its shapes' summed medians by mor
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import math
 import statistics
 import tomllib
 from pathlib import Path
 
 from rich.console import Console
 
-from .bench import Timer, example_inputs, suite
-from .catalog import KgenError, data_dir, load_profile, load_spec, load_tuning
-from .planner import DTYPE_BYTES, plan_kernel, plan_launch
+from .bench import Timer, example_inputs
+from .catalog import data_dir, load_profile, load_spec, load_tuning, suite
+from .errors import UsageError
+from .families import family_of
+from .planner import plan_kernel, plan_launch
 from .profile import TunedChoice, TuningTable
 
 FACTORS = (0.5, 2)
@@ -30,25 +32,13 @@ MARGIN = 0.02  # a candidate must be this much faster than the rule: run-to-run 
 def candidates(op: str, arch: str, dtype: str) -> dict[str, list[TunedChoice]]:
     """name -> the choices of one candidate build (the rule's: none)."""
     spec, profile = load_spec(op), load_profile(arch)
-    facts, elem = profile.planner, DTYPE_BYTES[dtype]
-    rule = plan_kernel(spec, profile, dtype)
+    family, rule = family_of(spec), plan_kernel(spec, profile, dtype)
     out: dict[str, list[TunedChoice]] = {"rule": []}
     for factor in FACTORS:
-        choices = []
-        for b in rule.buckets if rule.kind == "row_reduce" else rule.buckets[:1]:  # others: one threads knob
-            if not b.vectorized or (rule.kind == "row_reduce" and b.storage != "registers"):
-                continue
-            threads = int(b.threads_per_row * factor)
-            if rule.kind == "row_reduce":
-                access = elem * b.elems_per_access
-                accesses = -(-b.max_row_bytes // (access * threads))
-                if (threads > facts.threads_per_row[-1].threads or threads * access > b.max_row_bytes
-                        or len(spec.row_values) * accesses * access > facts.row_register_bytes_per_thread):
-                    continue
-            elif not 64 <= threads <= profile.max_threads_per_block:
-                continue
-            choices.append(TunedChoice(op=op, dtype=dtype, max_row_bytes=b.max_row_bytes, threads=threads,
-                                       rule_threads=b.threads_per_row, shapes=[], rule_us=1, tuned_us=1))
+        choices = [TunedChoice(op=op, dtype=dtype, max_row_bytes=b.max_row_bytes, threads=int(b.threads_per_row * factor),
+                               rule_threads=b.threads_per_row, shapes=[], rule_us=1, tuned_us=1)
+                   for b in family.tunable(rule)
+                   if family.threads_allowed(spec, profile, rule, b, int(b.threads_per_row * factor))]
         if choices:
             out[f"x{factor:g}"] = choices
     return out
@@ -58,17 +48,19 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
          rounds: int = 3) -> TuningTable:
     import torch
 
-    from .builder import build_project, device_arch
-    from .render import SMOKE_TOLERANCE, Target, write_project
+    from .builder import build_project, device_arch, write_project
+    from .project import resolve_target
+    from .render import SMOKE_TOLERANCE
 
     if not torch.cuda.is_available() or device_arch() != arch:
-        raise KgenError(f"kgen tune {op} --arch {arch} needs a GPU that runs {arch} kernels as its newest arch")
+        raise UsageError(f"kgen tune {op} --arch {arch} needs a GPU that runs {arch} kernels as its newest arch")
     spec, profile = load_spec(op), load_profile(arch)
+    base = resolve_target(op, arch, (dtype,))
     table = TuningTable(arch=arch, device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                         torch=torch.__version__)
     kernels, options = {}, candidates(op, arch, dtype)
     for name, choices in options.items():
-        target = Target(op, arch, (dtype,), table.model_copy(update={"choices": choices}))
+        target = dataclasses.replace(base, tuning=table.model_copy(update={"choices": choices}))
         project = write_project(target, build_root / name)
         console.print(f"building candidate {name}: " + (", ".join(
             f"{c.threads} threads (rule {c.rule_threads}) up to {c.max_row_bytes or 'any'} B" for c in choices) or "the rules"))
@@ -86,16 +78,14 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
             got = kernel(*inputs, *params)
             for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want))):
                 if not torch.allclose(g.double(), w, rtol=tol, atol=tol):
-                    raise KgenError(f"candidate {name} of {op} disagrees with the reference at {case.label}: "
+                    raise UsageError(f"candidate {name} of {op} disagrees with the reference at {case.label}: "
                                     f"max |diff| {(g.double() - w).abs().max().item():.3g}")
         times = {n: statistics.median(t) for n, t in
                  timer.rounds_us({n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds).items()}
-        bucket = None
-        if spec.structure.kind == "row_reduce":
-            launch = plan_launch(spec, profile, dtype, math.prod(case.shape[:-1]), case.shape[-1])
-            if not launch.bucket.vectorized:
-                continue  # scalar configurations are not tuned
-            bucket = launch.bucket.max_row_bytes
+        launch = plan_launch(spec, profile, dtype, case.rows, case.shape[-1])
+        if not launch.bucket.vectorized:
+            continue  # scalar configurations are not tuned
+        bucket = launch.bucket.max_row_bytes
         entry = by_bucket.setdefault(bucket, {"shapes": [], "us": dict.fromkeys(kernels, 0.0)})
         entry["shapes"].append(case.label)
         for n, us in times.items():

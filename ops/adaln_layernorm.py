@@ -8,7 +8,8 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from kgen.dsl import Convention, OpSpec, Param, Reduction, RowReduce, Tensor, inv_hidden, row_sum, to_io_dtype
+from kgen.dsl import Convention, OpSpec, Param, Tensor, inv_hidden, to_io_dtype
+from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 
 x, scale, shift, eps, mean, rstd = sp.symbols("x scale shift eps mean rstd")
 

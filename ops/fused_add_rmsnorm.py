@@ -8,7 +8,8 @@ Order: reference, the implementations it replaces, then the spec.
 import sympy as sp
 import torch
 
-from kgen.dsl import Convention, OpSpec, Param, Reduction, RowReduce, Tensor, inv_hidden, row_sum, to_io_dtype
+from kgen.dsl import Convention, OpSpec, Param, Tensor, inv_hidden, to_io_dtype
+from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 
 x, residual, weight, eps, rstd, residual_out = sp.symbols("x residual weight eps rstd residual_out")
 

@@ -11,7 +11,8 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from kgen.dsl import Convention, Elementwise, OpSpec, Tensor, to_io_dtype
+from kgen.dsl import Convention, OpSpec, Tensor, to_io_dtype
+from kgen.families.elementwise import Elementwise
 
 h, gate = sp.symbols("h gate")
 SQRT_HALF = sp.Float(math.sqrt(0.5))

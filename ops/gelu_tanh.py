@@ -10,7 +10,8 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from kgen.dsl import Convention, Elementwise, OpSpec, Tensor
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.elementwise import Elementwise
 
 x = sp.Symbol("x")
 SQRT_2_OVER_PI = sp.Float(math.sqrt(2 / math.pi))

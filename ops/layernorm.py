@@ -7,7 +7,8 @@ Order: reference, the implementations it replaces, then the spec.
 import sympy as sp
 import torch
 
-from kgen.dsl import Convention, Layer, OpSpec, Param, Reduction, RowReduce, Tensor, inv_hidden, row_sum
+from kgen.dsl import Convention, Layer, OpSpec, Param, Tensor, inv_hidden
+from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 
 x, weight, bias, eps, mean, rstd = sp.symbols("x weight bias eps mean rstd")
 

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, OpSpec, Reduction, RowReduce, inv_hidden, row_sum, to_io_dtype
+from kgen.dsl import Convention, OpSpec, inv_hidden, to_io_dtype
+from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 
 RESIDUAL_RMS = load_spec("residual_adaln_rmsnorm")  # the same tensors and eps, less the weight
 x, h, scale, shift, gate, eps, mean, rstd, residual_out = sp.symbols(

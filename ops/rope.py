@@ -8,7 +8,8 @@ Order: reference, the implementations it replaces, then the spec.
 import sympy as sp
 import torch
 
-from kgen.dsl import Convention, Layer, OpSpec, Rotary, Tensor, cos, sign, sin, to_io_dtype
+from kgen.dsl import Convention, Layer, OpSpec, Tensor, to_io_dtype
+from kgen.families.rotary import Rotary, cos, sign, sin
 
 x, x_pair, k, k_pair = sp.symbols("x x_pair k k_pair")
 
@@ -66,7 +67,7 @@ spec = OpSpec(
         Tensor(name="out", dims="*rows hidden", role="output"),
         Tensor(name="k_out", dims="*rows hidden", role="output"),
     ],
-    structure=Rotary(pairing="half", conventions=[
+    structure=Rotary(pairing="half", rotates=["x", "k"], tables=("cos", "sin"), conventions=[
         Convention(name="single_rounding",
                    outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
                    matches="the rotation in fp32, rounded once"),

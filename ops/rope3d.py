@@ -13,8 +13,8 @@ import sympy as sp
 import torch
 
 from kgen.catalog import load_spec
-from kgen.dsl import (Convention, GridAngles, OpSpec, Param, Rotary, Tensor, coord, cos, freq, k, n_freq, sign,
-                      sin)
+from kgen.dsl import Convention, OpSpec, Param, Tensor
+from kgen.families.rotary import GridAngles, Rotary, coord, cos, freq, k, n_freq, sign, sin
 
 x, x_pair = sp.symbols("x x_pair")
 f, h, w = sp.symbols("f h w")
@@ -102,7 +102,7 @@ spec = OpSpec(
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
     params=PARAMS,
-    structure=Rotary(pairing="interleaved", grid=GRID, conventions=[
+    structure=Rotary(pairing="interleaved", rotates=["x"], grid=GRID, conventions=[
         Convention(name="single_rounding", outputs={"out": x * cos + sign * x_pair * sin},
                    matches="diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb: fp32 angles, fp32 math, one rounding"),
     ]),

@@ -10,7 +10,8 @@ import sympy as sp
 import torch
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, GridAngles, OpSpec, Rotary, Tensor, cos, sign, sin
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.rotary import GridAngles, Rotary, cos, sign, sin
 
 ROPE3D = load_spec("rope3d")  # the same frequencies, angles and base sizes
 ltx_rotary_apply = ROPE3D.reference.__globals__["ltx_rotary_apply"]
@@ -47,7 +48,7 @@ spec = OpSpec(
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
     params=[p for p in ROPE3D.params if p.name in ("theta", "base_frames", "base_height", "base_width")],
-    structure=Rotary(pairing="interleaved", grid=GridAngles(
+    structure=Rotary(pairing="interleaved", rotates=["x"], grid=GridAngles(
         axes=["f", "h", "w"], coordinates_input="coords",
         coordinates=[f * sp.UnevaluatedExpr(1 / base_frames), h * sp.UnevaluatedExpr(1 / base_height),
                      w * sp.UnevaluatedExpr(1 / base_width)],

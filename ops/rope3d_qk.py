@@ -8,7 +8,8 @@ import sympy as sp
 import torch
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, OpSpec, Rotary, Tensor, cos, sign, sin
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.rotary import Rotary, cos, sign, sin
 
 ROPE3D = load_spec("rope3d")  # the same params and grid angles
 rope3d_ref = ROPE3D.reference
@@ -36,7 +37,7 @@ spec = OpSpec(
         Tensor(name="k_out", dims="*rows hidden", role="output"),
     ],
     params=ROPE3D.params,
-    structure=Rotary(pairing="interleaved", grid=ROPE3D.structure.grid, conventions=[
+    structure=Rotary(pairing="interleaved", rotates=["x", "k"], grid=ROPE3D.structure.grid, conventions=[
         Convention(name="single_rounding",
                    outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
                    matches="diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb on q and k"),

@@ -8,7 +8,8 @@ Order: reference, the implementations it replaces, then the spec.
 import sympy as sp
 import torch
 
-from kgen.dsl import Convention, OpSpec, Rotary, Tensor, cos, sign, sin
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.rotary import Rotary, cos, sign, sin
 
 x, x_pair = sp.symbols("x x_pair")
 
@@ -38,7 +39,7 @@ spec = OpSpec(
         Tensor(name="sin", dims="*rows hidden", dtype="float32", broadcast=True, doc="[B or 1, S, C] float32"),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=Rotary(pairing="interleaved", conventions=[
+    structure=Rotary(pairing="interleaved", rotates=["x"], tables=("cos", "sin"), conventions=[
         Convention(name="single_rounding", outputs={"out": x * cos + sign * x_pair * sin},
                    matches="diffusers apply_rotary_emb: fp32 math, one rounding"),
     ]),

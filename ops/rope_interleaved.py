@@ -9,7 +9,8 @@ import sympy as sp
 import torch
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, OpSpec, Rotary, cos, sign, sin, to_io_dtype
+from kgen.dsl import Convention, OpSpec, to_io_dtype
+from kgen.families.rotary import Rotary, cos, sign, sin
 
 ROPE = load_spec("rope")  # the same tensors: q, k, cos, sin -> out, k_out
 x, x_pair, k, k_pair = sp.symbols("x x_pair k k_pair")
@@ -47,7 +48,7 @@ spec = OpSpec(
     name="rope_interleaved",
     summary="rotary embedding of q and k in one launch, interleaved pairs (GPT-J rotate_every_two)",
     tensors=ROPE.tensors,
-    structure=Rotary(pairing="interleaved", conventions=[
+    structure=Rotary(pairing="interleaved", rotates=["x", "k"], tables=("cos", "sin"), conventions=[
         Convention(name="single_rounding",
                    outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
                    matches="the rotation in fp32, rounded once"),

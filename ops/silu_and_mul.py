@@ -8,7 +8,8 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from kgen.dsl import Convention, Elementwise, OpSpec, Tensor, to_io_dtype
+from kgen.dsl import Convention, OpSpec, Tensor, to_io_dtype
+from kgen.families.elementwise import Elementwise
 
 gate, up = sp.symbols("gate up")
 silu = gate / (1 + sp.exp(-gate))

@@ -8,7 +8,8 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from kgen.dsl import Convention, Elementwise, Layer, OpSpec, Tensor, to_io_dtype
+from kgen.dsl import Convention, Layer, OpSpec, Tensor, to_io_dtype
+from kgen.families.elementwise import Elementwise
 
 x, up = sp.symbols("x up")
 silu = x / (1 + sp.exp(-x))

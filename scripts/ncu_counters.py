@@ -39,7 +39,8 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kgen.bench import example_inputs, suite
+    from kgen.bench import example_inputs
+    from kgen.catalog import suite
     from kgen.builder import build_op, device_arch, load
     from kgen.catalog import load_spec
 

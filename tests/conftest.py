@@ -80,8 +80,8 @@ def reference_kernels(build_root):
             libraries.append(library)
             spec = load_spec(op)
             takes_convention = "convention" in inspect.signature(spec.reference).parameters
-            for i, convention in enumerate(spec.structure.conventions):
-                name = op if i == 0 else f"{op}_{convention.name}"
+            for convention in spec.structure.conventions:
+                name = spec.variant(convention.name)
 
                 def cpu(*args, name=name, convention=convention.name, reference=spec.reference):
                     calls[name] += 1

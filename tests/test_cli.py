@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from kgen.catalog import arch_names, op_names
 from kgen.cli import app
-from kgen.render import kernel_name
+from kgen.project import kernel_name
 
 runner = CliRunner()
 
@@ -29,7 +29,7 @@ def test_explain_prints_every_choice_and_the_roofline():
     assert result.exit_code == 0, result.output
     for word in ("16 B (8 elements)", "threads per row", "128", "rows per block", "warp shuffle + one shared-memory exchange",
                  "registers", "4096 blocks", "134.23 MB", "roofline on H200 SXM (4800 GB/s): 28.0 µs",
-                 "planner.threads_per_row", "every choice from rules"):
+                 "planner.row_reduce.threads_per_row", "every choice from rules"):
         assert word in " ".join(result.output.replace("│", " ").split()), word
 
 

@@ -15,7 +15,7 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from kgen.catalog import KgenError  # noqa: E402
+from kgen.errors import KgenError  # noqa: E402
 from kgen.integrations.diffusers import OPS, patch  # noqa: E402
 
 GPU = torch.cuda.is_available()

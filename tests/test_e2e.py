@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
-from kgen.catalog import KgenError  # noqa: E402
+from kgen.errors import KgenError  # noqa: E402
 from kgen.integrations import diffusers as kgen_diffusers, transformers as kgen_transformers  # noqa: E402
 from kgen.integrations.e2e import run_e2e, write  # noqa: E402
 

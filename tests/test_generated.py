@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import ast
 import re
+import stat
 import tomllib
 from pathlib import Path
 
 import pytest
 
-import kgen.render as render
+import kgen.builder as builder
+import kgen.project as project_module
+from kgen.builder import render_target, write_project
 from kgen.catalog import arch_names, op_names
-from kgen.render import render_project, resolve_target, write_project
+from kgen.project import resolve_target, write_tree
 
 GENERATED = Path(__file__).resolve().parents[1] / "generated"
 TARGETS = [resolve_target(op, arch) for op in op_names() for arch in arch_names()]
@@ -35,7 +38,7 @@ def test_generated_matches_a_fresh_build(tmp_path):
 
 def test_byte_identical_twice():
     for target in TARGETS:
-        assert render_project(target) == render_project(target)
+        assert render_target(target) == render_target(target)
 
 
 def test_failed_build_leaves_the_existing_project(tmp_path, monkeypatch):
@@ -43,10 +46,10 @@ def test_failed_build_leaves_the_existing_project(tmp_path, monkeypatch):
     project = write_project(target, tmp_path)
     before = tree(project)
 
-    def explode(_):
+    def explode(*_):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(render, "render_project", explode)
+    monkeypatch.setattr(builder, "render_project", explode)
     with pytest.raises(RuntimeError):
         write_project(target, tmp_path)
     assert tree(project) == before
@@ -55,17 +58,17 @@ def test_failed_build_leaves_the_existing_project(tmp_path, monkeypatch):
 
 def test_failed_write_cleans_up(tmp_path, monkeypatch):
     files = {"a.txt": "a", "b/c.txt": "c"}
-    render.write_tree(files, tmp_path / "proj")
-    monkeypatch.setattr(render.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("no")))
+    write_tree(files, tmp_path / "proj")
+    monkeypatch.setattr(project_module.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("no")))
     with pytest.raises(OSError):
-        render.write_tree({"new.txt": "n"}, tmp_path / "proj")
+        write_tree({"new.txt": "n"}, tmp_path / "proj")
     assert tree(tmp_path / "proj") == {"a.txt": b"a", "b/c.txt": b"c"}
     assert [p.name for p in tmp_path.iterdir()] == ["proj"]
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.kernel_name)
 def test_hub_rules(target):
-    files = render_project(target)
+    files = render_target(target)
     assert KERNEL_NAME.match(target.kernel_name)
     config = tomllib.loads(files["build.toml"])
     general = config["general"]
@@ -75,7 +78,7 @@ def test_hub_rules(target):
     (kernel,) = config["kernel"].values()
     assert set(kernel) == {"backend", "src", "depends", "cuda-capabilities"}
     assert set(kernel["src"]) <= set(files) and kernel["backend"] == "cuda"
-    assert kernel["cuda-capabilities"] == [render.load_profile(target.arch).compute_capability]
+    assert kernel["cuda-capabilities"] == [target.profile.compute_capability]
     pkg = f"torch-ext/{target.python_name}"
     assert f"{pkg}/__init__.py" in files and f"{pkg}/layers.py" in files
     assert not any(p.endswith(("registration.h", "_ops.py")) for p in files), "kernel-builder generates these"
@@ -115,5 +118,34 @@ def test_concurrent_writers_do_not_corrupt(tmp_path):
     target = TARGETS[0]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: write_project(target, tmp_path), range(16)))
-    assert tree(tmp_path / target.kernel_name) == {k: v.encode() for k, v in render_project(target).items()}
+    assert tree(tmp_path / target.kernel_name) == {k: v.encode() for k, v in render_target(target).items()}
     assert [p.name for p in tmp_path.iterdir()] == [target.kernel_name]
+
+
+def test_folders_get_the_permissions_of_a_plain_mkdir(tmp_path):
+    """Projects and their folders are created like `mkdir` would (the umask's), not private to their writer."""
+    project = write_project(TARGETS[0], tmp_path)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    expected = stat.S_IMODE(probe.stat().st_mode)
+    folders = [project, *(p for p in project.rglob("*") if p.is_dir())]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folders} == {expected}, "a folder is not like `mkdir`'s"
+
+
+def test_generated_python_has_no_constant_conditions():
+    """No `if True:` or other conditions on constants in generated Python (a template choosing, badly)."""
+    for target in TARGETS[:: len(arch_names())]:
+        for path, text in render_target(target).items():
+            if path.endswith(".py"):
+                for node in ast.walk(ast.parse(text)):
+                    if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+                        assert not isinstance(node.test, ast.Constant), f"{target.kernel_name}/{path}: {ast.unparse(node.test)}"
+
+
+def test_the_plan_is_written_once_per_project():
+    """The plan (every configuration and its reason) opens the .cu; the .h points to it instead of repeating it."""
+    for target in TARGETS[:: len(arch_names())]:
+        files = render_target(target)
+        plan_line = next(line for line in files[f"{target.op}_cuda/{target.op}.cu"].splitlines() if "vector path" in line)
+        assert sum(plan_line in text for path, text in files.items() if path.endswith((".cu", ".h"))) == 1
+        assert f"The plan and the rule behind each choice: {target.op}.cu." in files[f"{target.op}_cuda/{target.op}.h"]

@@ -16,7 +16,7 @@ def test_wheel_carries_the_data(tmp_path):
     (wheel,) = tmp_path.glob("kgen-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ["kgen/cli.py", "kgen/_data/ops/rmsnorm.py", "kgen/_data/arch/sm_90.toml",
-                     "kgen/_data/codegen_templates/row_reduce.cu.j2", "kgen/_data/bench/shapes.toml"]:
+                     "kgen/_data/codegen_templates/row_reduce/kernel.cu.j2", "kgen/_data/bench/shapes.toml"]:
         assert required in names, required
     for spec in (ROOT / "ops").glob("*.py"):
         assert f"kgen/_data/ops/{spec.name}" in names

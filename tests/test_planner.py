@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kgen.catalog import KgenError, arch_names, load_profile, load_spec
-from kgen.planner import DTYPE_BYTES, plan_kernel, plan_launch
+from kgen.catalog import arch_names, load_profile, load_spec
+from kgen.errors import KgenError
+from kgen.families.base import DTYPE_BYTES
+from kgen.families.row_reduce import reduction as reduction_of
+from kgen.planner import plan_kernel, plan_launch
 
 SPEC = load_spec("rmsnorm")
 
@@ -34,7 +37,8 @@ TABLE = [
 def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reduction):
     plan = plan_launch(SPEC, load_profile(arch), dtype, rows=100_000, hidden=hidden)
     b = plan.bucket
-    got = (b.elems_per_access * DTYPE_BYTES[dtype], b.threads_per_row, b.rows_per_block, b.storage, b.reduction)
+    got = (b.elems_per_access * DTYPE_BYTES[dtype], b.threads_per_row, b.rows_per_block, b.storage,
+           reduction_of(b, plan.kernel.warp_size))
     assert got == (access, threads, rows, storage, reduction)
     assert plan.grid == -(-100_000 // rows) and plan.widened is None
     assert plan.shared_bytes == (hidden * DTYPE_BYTES[dtype] if storage == "shared" else 0)
@@ -80,7 +84,7 @@ def test_every_configuration_fits_its_profile(arch):
             assert b.threads_per_row & (b.threads_per_row - 1) == 0
             if b.storage == "registers":
                 held = b.max_accesses_per_thread * b.elems_per_access * DTYPE_BYTES[dtype]
-                assert held <= profile.planner.row_register_bytes_per_thread
+                assert held <= profile.family_facts("row_reduce")["row_register_bytes_per_thread"]
                 assert b.threads_per_row * held >= b.max_row_bytes, "the bucket's rows must fit"
             if b.storage == "shared":
                 assert b.max_row_bytes <= profile.max_shared_memory_per_block
@@ -102,10 +106,11 @@ def test_unknown_dtype_and_bad_shape():
 def test_rotary_heads_in_flight(op, heads):
     """rotate_half threads hold cos and sin for both halves: one head in flight keeps their registers
     low enough for 3 blocks per SM; interleaved pairs keep two heads in flight (measured both ways)."""
-    from kgen.render import render_project, resolve_target
+    from kgen.builder import render_target
+    from kgen.project import resolve_target
 
     plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16")
-    assert {b.heads_in_flight for b in plan.buckets} == {heads}
+    assert plan.heads_in_flight == heads
     assert plan.notes["heads in flight"].startswith(f"{heads} head")
-    source = render_project(resolve_target(op, "sm_90"))[f"{op}_cuda/{op}.cu"]
+    source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{op}.cu"]
     assert ("load(head + 1, v1);" in source) == (heads == 2)

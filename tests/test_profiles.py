@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import kgen.catalog as catalog
-from kgen.catalog import KgenError, arch_names, data_dir, load_profile
+from kgen.catalog import arch_names, data_dir, load_profile
+from kgen.errors import KgenError
 
 
 def test_shipped_profiles():
@@ -45,8 +46,14 @@ def arch_dir(tmp_path, monkeypatch):
     ('compute_capability = "9.0"', 'compute_capability = "8.0"', "does not match compute_capability '8.0'"),
     ("threads = 16 }", "threads = 24 }", "threads must be a power of two, got 24"),
     ("max_row_bytes = 256,", "max_row_bytes = 64,", "max_row_bytes must increase step by step"),
-    ("min_blocks_per_sm = 2", "min_blocks_per_sm = 0", "ArchProfile.planner.min_blocks_per_sm: Input should be greater than or equal to 1"),
+    ("min_blocks_per_sm = 2", "min_blocks_per_sm = 0",
+     "ArchProfile.planner.row_reduce.min_blocks_per_sm: Input should be greater than or equal to 1"),
     ("l2_bytes", "l2_size", "ArchProfile.l2_size: Extra inputs are not permitted"),
+    ("max_access_bytes = 16", "", "ArchProfile.max_access_bytes: Field required"),
+    ("[planner.rotary]", "[planner.rotray]", "[planner.rotray]: no structure family is named 'rotray'"),
+    ("heads_in_flight = { half = 1, interleaved = 2 }", "", "ArchProfile.planner.rotary.heads_in_flight: Field required"),
+    ("row_register_bytes_per_thread = 128", "row_register_bytes_per_thread = 512",
+     "row_register_bytes_per_thread: 512 B is more than half the 128 registers a thread of a 512-thread block may hold"),
 ])
 def test_bad_profile_message(arch_dir, old, new, fragment):
     folder, text = arch_dir

@@ -20,7 +20,8 @@ import pytest
 
 from kgen.builder import NVCC_FLAGS, _run, compile_kernel, find_nvcc, gencode, parse_ptxas
 from kgen.catalog import load_profile, load_spec, op_names
-from kgen.render import resolve_target, write_project
+from kgen.builder import write_project
+from kgen.project import resolve_target
 
 ARCH = "sm_90"
 HOT_OPS = op_names()  # every op: each is the hot kernel of someone's model

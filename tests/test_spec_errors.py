@@ -8,9 +8,11 @@ import textwrap
 
 import pytest
 
-from kgen.catalog import KgenError, load_spec, op_names
-from kgen.dsl import GENERATED_NAMES, GENERATED_SUFFIXES
-from kgen.render import render_project, resolve_target
+from kgen.builder import render_target
+from kgen.catalog import load_spec, op_names
+from kgen.dsl import BUILTIN_SYMBOLS, GENERATED_NAMES, GENERATED_SUFFIXES
+from kgen.errors import KgenError
+from kgen.project import resolve_target
 
 GOOD = {
     "name": '"bad"',
@@ -26,6 +28,7 @@ GOOD = {
 TEMPLATE = """
 import sympy as sp
 from kgen.dsl import *
+from kgen.families.row_reduce import *
 x, y, weight, eps, rstd = sp.symbols("x y weight eps rstd")
 def ref(x, weight=None, eps=1e-6, convention="plain"):
     {ref_body}
@@ -37,7 +40,9 @@ spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={param
 CASES = [
     ({"name": '"Bad-Op"'}, ["OpSpec.name: String should match pattern"]),
     ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
-     ["Tensor.dims: Value error, must be '*rows hidden', 'hidden', '*rows 2*hidden' or 'batch axes tokens' (got 'rows d')"]),
+     ["tensors.0.dims: row_reduce ops take tensors of dims '*rows hidden' or 'hidden', got 'rows d'"]),
+    ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"*rows\\nhidden"', 1)},
+     ["Tensor.dims: String should match pattern"]),
     ({"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
      ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"]),
     ({"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
@@ -48,12 +53,14 @@ CASES = [
      ["structure.reductions.0.summand: unknown symbols ['weight']"]),
     ({"tensors": GOOD["tensors"].replace(", absent_value=1.0", "")},
      ["optional tensor 'weight' needs absent_value"]),
-    ({"tensors": GOOD["tensors"].replace('name="x"', 'name="inp"')},
-     ["first '*rows ...' input must be named 'x'"]),
+    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows hidden", broadcast=True', 1)},
+     ["an op's first '*rows ...' input leads", "required, in the I/O dtype and not broadcast"]),
+    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows hidden", dtype="float32"', 1)},
+     ["an op's first '*rows ...' input leads"]),
     ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden"', 1)},
-     ["Tensor: Value error, tensor 'x': 'halves' names the two halves of a '*rows 2*hidden' input"]),
+     ["Tensor: Value error, tensor 'x' (dims '*rows 2*hidden'): 'halves' names the two halves of a '*rows 2*hidden' input"]),
     ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden", halves=("a", "b")', 1)},
-     ["packed '*rows 2*hidden' inputs belong to elementwise ops"]),
+     ["tensors.0.dims: row_reduce ops take tensors of dims '*rows hidden' or 'hidden', got '*rows 2*hidden'"]),
     ({"tensors": GOOD["tensors"].replace('optional=True', 'optional=True, broadcast=True')},
      ["tensor 'weight': only a '*rows hidden' input can broadcast"]),
     ({"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd}, prologue={"r": x})]'},
@@ -68,7 +75,7 @@ CASES = [
     ({"params": '[Param(name="eps", default=1e-6, positive=True, unit="s")]'},
      ["Param.unit: Extra inputs are not permitted"]),
     ({"params": '[Param(name="rstd", default=1.0)]'},
-     ["names must be unique across tensors, halves, params and stats; repeated: ['rstd']"]),
+     ["names must be unique across tensors, halves, params and the structure's values; repeated: ['rstd']"]),
     ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
                 'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'},
      ["Layer.bind.weight: Value error, must be a forward argument, 'self.<attribute>' or "
@@ -176,14 +183,17 @@ def test_unknown_op_lists_known_ones(ops_dir):
 STRUCTURES = """
 import sympy as sp
 from kgen.dsl import *
+from kgen.families.elementwise import *
+from kgen.families.rotary import *
+from kgen.families.row_reduce import *
 x, x_pair, h, gate, k = sp.symbols("x x_pair h gate k")
 def ref(x, *rest, convention="plain"):
     return x
 spec = OpSpec(name="bad", summary="a test op", tensors={tensors}, params={params}, structure={structure},
               reference=ref, inplace={inplace})
 """
-ROTARY = ('Rotary(pairing="interleaved", conventions=[Convention(name="plain", matches="-", '
-          'outputs={"out": x * cos + sign * x_pair * sin})])')
+ROTARY = ('Rotary(pairing="interleaved", rotates=["x"], tables=("cos", "sin"), conventions=[Convention(name="plain", '
+          'matches="-", outputs={"out": x * cos + sign * x_pair * sin})])')
 TABLES = ('[Tensor(name="x", dims="*rows hidden"), Tensor(name="cos", dims="*rows hidden", dtype="float32", '
           'broadcast=True), Tensor(name="sin", dims="*rows hidden", dtype="float32", broadcast=True), '
           'Tensor(name="out", dims="*rows hidden", role="output")]')
@@ -191,16 +201,20 @@ STRUCTURE_CASES = [
     ({"tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), Tensor(name="w", dims="hidden"), '
                  'Tensor(name="out", dims="*rows hidden", role="output")]',
       "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": h * gate})])'},
-     "an elementwise op takes '*rows hidden' and '*rows 2*hidden' inputs only"),
+     "tensors.1.dims: elementwise ops take tensors of dims '*rows hidden' or '*rows 2*hidden', got 'hidden'"),
     ({"tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), '
                  'Tensor(name="out", dims="*rows hidden", role="output")]',
       "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
      "structure.conventions.0.outputs.out: unknown symbols ['x']; allowed here: ['gate', 'h', 'hidden', 'inv_hidden']"),
     ({"tensors": TABLES.replace(', broadcast=True', '', 1)},
-     "a rotary op without grid angles takes cos and sin tensors with broadcast=True"),
+     "a rotary op without grid angles names its cos and sin tensors in `tables`, each with broadcast=True"),
     ({"structure": ROTARY.replace("Rotary(", 'Rotary(grid=GridAngles(axes=["f"], sizes=["n"], coordinates=[k], '
                                             'frequency=k, angle=freq * coord), ')},
      "grid angles serve interleaved pairs, with no cos/sin tensors"),
+    ({"structure": ROTARY.replace('rotates=["x"]', 'rotates=["cos"]')}, "structure.rotates: ['cos'] must name"),
+    ({"structure": ROTARY.replace('tables=("cos", "sin")', 'tables=("cos", "tan")')},
+     "the cos and sin tables it names in `tables`"),
+    ({"tensors": TABLES.replace('name="x"', 'name="x", broadcast=True')}, "an op's first '*rows ...' input leads"),
     ({"inplace": '{"out": "cos"}'}, "inplace: a rotary op's output may only overwrite its own rotated input"),
     ({"inplace": '{"out": "y"}', "tensors": '[Tensor(name="x", dims="*rows hidden"), '
                                            'Tensor(name="out", dims="*rows hidden", role="output")]',
@@ -256,16 +270,16 @@ def test_generated_declarations_cannot_take_a_spec_name(op):
     template that adds a local must reserve it, or a spec using that name would not compile, or
     would silently read the local instead of its tensor."""
     spec = load_spec(op)
-    files = render_project(resolve_target(op, "sm_90"))
+    files = render_target(resolve_target(op, "sm_90"))
     names = {t.name for t in spec.tensors} | {p.name for p in spec.params} | {
-        h for t in spec.tensors if t.halves for h in t.halves} | set(getattr(spec.structure, "prologue", {}))
+        h for t in spec.tensors if t.halves for h in t.halves} | set(spec.structure.names())
     binding = re.sub(r"\[[^\]]*\]\([^)]*\)", "", bodies(files["torch-ext/torch_binding.cpp"], rf"\b{op}_forward\("))
     while re.search(r"\{[^{}]*\}", binding):  # the binding's inner blocks and lambdas name no spec tensor they
         binding = re.sub(r"\{[^{}]*\}", ";", binding)  # might shadow: only its outermost declarations count
     declared = set(DECLARATION.findall(binding))
     if spec.structure.kind != "rotary":  # rotary kernels reach tensors through args.<name> only
         declared |= set(DECLARATION.findall(bodies(files[f"{op}_cuda/{op}.cu"], r"__global__")))
-    reserved = GENERATED_NAMES | {"row_sum", "k", "hidden"}
+    reserved = GENERATED_NAMES | spec.structure.declares | BUILTIN_SYMBOLS
     derived = {d for d in declared for n in names if d.startswith(n) and d.endswith(GENERATED_SUFFIXES)}
     assert declared, "no declarations found: the pattern no longer matches the generated code"
     loose = sorted(declared - reserved - derived - names)

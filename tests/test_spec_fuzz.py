@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import re
 import shutil
 import sys
@@ -21,11 +22,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kgen.builder import compile_kernel
-from kgen.catalog import KgenError, load_profile, load_spec
-from kgen.dsl import (Convention, Elementwise, GridAngles, Layer, OpSpec, Param, Reduction, Rotary, RowReduce,
-                      Tensor, to_io_dtype)
-from kgen.render import Target, render_project, resolve_target, write_project
+from kgen.builder import compile_kernel, render_target, write_project
+from kgen.catalog import load_profile, load_spec
+from kgen.dsl import Convention, Layer, OpSpec, Param, Tensor, to_io_dtype
+from kgen.errors import KgenError
+from kgen.families.elementwise import Elementwise
+from kgen.families.rotary import GridAngles, Rotary
+from kgen.families.row_reduce import Reduction, RowReduce
+from kgen.project import resolve_target
 
 HOLDER = "_kgen_fuzz_spec"  # the fuzz folder's <name>.py is `from _kgen_fuzz_spec import spec`
 FUZZ = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,7 +165,7 @@ def elementwise(draw, inputs: list[str], outs: list[str], params: list[str]):
 def rotary(draw, inputs: list[str], outs: list[str], params: list[str]):
     rotated = ["x", "k"][:len(outs)]
     tensors = [{"name": n, "dims": "*rows hidden"} for n in rotated]
-    kwargs = {"pairing": draw(st.sampled_from(["interleaved", "half"]))}
+    kwargs = {"pairing": draw(st.sampled_from(["interleaved", "half"])), "rotates": rotated, "tables": ("cos", "sin")}
     grid, sizes = draw(st.sampled_from([None, "sizes", "coordinates"])), []
     if grid is None:  # cos and sin tables
         dtype = draw(st.sampled_from(["io", "float32"]))
@@ -171,7 +175,7 @@ def rotary(draw, inputs: list[str], outs: list[str], params: list[str]):
         sizes = [f"n_{a}" for a in axes] if grid == "sizes" else []
         if grid == "coordinates":
             tensors.append({"name": "coords", "dims": "batch axes tokens", "dtype": "float32"})
-        kwargs = {"pairing": "interleaved", "grid": GridAngles(
+        kwargs = {"pairing": "interleaved", "rotates": rotated, "grid": GridAngles(
             axes=axes, sizes=sizes, coordinates_input="coords" if grid == "coordinates" else None,
             coordinates=[draw(exprs([a, *params], rounds=False)) for a in axes],
             frequency=draw(exprs(["k", "n_freq", *params], rounds=False)),
@@ -323,7 +327,7 @@ def installed(spec: OpSpec, folder, dtypes: tuple[str, ...] | None = None):
     load_spec.cache_clear()
     try:
         target = resolve_target(spec.name, "sm_90")
-        yield Target(target.op, target.arch, dtypes or target.dtypes, target.tuning)
+        yield dataclasses.replace(target, dtypes=dtypes or target.dtypes)
     finally:
         path.unlink()
         load_spec.cache_clear()
@@ -331,7 +335,7 @@ def installed(spec: OpSpec, folder, dtypes: tuple[str, ...] | None = None):
 
 def render(spec: OpSpec, folder) -> dict[str, str]:
     with installed(spec, folder) as target:
-        return render_project(target)
+        return render_target(target)
 
 
 def build(plan: Plan) -> OpSpec | None:

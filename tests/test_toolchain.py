@@ -14,7 +14,8 @@ import torch
 
 from kgen.builder import compile_kernel, load, ops_name, parse_ptxas, variant_name
 from kgen.catalog import arch_names, load_profile, load_spec, op_names
-from kgen.render import resolve_target, write_project
+from kgen.builder import write_project
+from kgen.project import resolve_target
 
 pytestmark = pytest.mark.toolchain
 TARGETS = [resolve_target(op, arch) for op in op_names() for arch in arch_names()]

@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from kgen.catalog import KgenError  # noqa: E402
+from kgen.errors import KgenError  # noqa: E402
 from kgen.integrations.transformers import OPS, kernelize  # noqa: E402
 
 GPU = torch.cuda.is_available()

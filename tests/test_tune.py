@@ -1,8 +1,10 @@
 """Without a GPU: `kgen tune`'s candidates respect the profile, a tuning table changes the plan,
 the generated code and `kgen explain`, a bad table is refused, and the benchmark's bars and
-summary read measured rows the way ../shared/ANCHORS.md states them."""
+summary read measured rows the way BENCHMARKS.md states the bars."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from typer.testing import CliRunner
@@ -11,11 +13,16 @@ import kgen.catalog
 import kgen.cli
 import kgen.tune
 from kgen.bench import bars, summary
-from kgen.catalog import KgenError, load_profile, load_spec, load_tuning
+from kgen.builder import render_target
+from kgen.catalog import load_profile, load_spec, load_tuning
 from kgen.cli import app
-from kgen.planner import DTYPE_BYTES, plan_kernel, plan_launch
+from kgen.errors import KgenError
+from kgen.families import family_of
+from kgen.families.base import DTYPE_BYTES
+from kgen.families.row_reduce import row_values
+from kgen.planner import plan_kernel, plan_launch
 from kgen.profile import TunedChoice, TuningTable
-from kgen.render import Target, render_project
+from kgen.project import resolve_target
 from kgen.tune import candidates, merge_and_write
 
 OPS = ["rmsnorm", "fused_add_rmsnorm", "residual_adaln_rmsnorm", "layernorm", "geglu", "rope", "rope3d"]
@@ -39,14 +46,16 @@ def test_candidates_stay_within_the_profile(op, dtype):
     for name, choices in found.items():
         plan = plan_kernel(spec, profile, dtype, table(*choices))  # a bad candidate would raise here
         tuned = {c.max_row_bytes: c.threads for c in choices}
+        tunable = family_of(spec).tunable(plan)
+        assert tunable and all(b.vectorized for b in tunable)
         for b in plan.buckets:
             assert b.block_threads <= profile.max_threads_per_block
-            if b.vectorized and b.max_row_bytes in tuned and (plan.kind == "row_reduce" or b is plan.buckets[0]):
-                assert b.threads_per_row == tuned[b.max_row_bytes], name
+            if b in tunable:
+                assert b.threads_per_row == tuned.get(b.max_row_bytes, b.threads_per_row), name
             if b.storage == "registers":
                 access = b.elems_per_access * DTYPE_BYTES[dtype]
-                assert b.max_accesses_per_thread * access * len(spec.row_values) <= \
-                    profile.planner.row_register_bytes_per_thread
+                assert b.max_accesses_per_thread * access * len(row_values(spec)) <= \
+                    profile.family_facts("row_reduce")["row_register_bytes_per_thread"]
                 assert b.threads_per_row * access <= b.max_row_bytes  # every thread holds part of the row
 
 
@@ -56,17 +65,18 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     tuned = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice()))
     assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (128, 256)
     assert tuned.grid == 8192 and rule.grid == 4096  # 256 threads per block: one row each instead of two
-    why = dict((c, w) for c, _, w in tuned.choices(profile))["threads per row"]
+    why = dict((c, w) for c, _, w in tuned.choices)["threads per row"]
     assert "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 128" in why and "36.5 µs, the rule 40.0 µs" in why
     kept = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice(threads=128)))
     assert kept.bucket.threads_per_row == 128
-    assert "the rule's, confirmed by kgen tune" in dict((c, w) for c, _, w in kept.choices(profile))["threads per row"]
-    assert "profile planner.threads_per_row" in dict((c, w) for c, _, w in rule.choices(profile))["threads per row"]
+    assert "the rule's, confirmed by kgen tune" in dict((c, w) for c, _, w in kept.choices)["threads per row"]
+    assert "profile planner.row_reduce.threads_per_row" in dict((c, w) for c, _, w in rule.choices)["threads per row"]
     other = plan_launch(spec, profile, "float16", 8192, 4096, table(choice()))  # another dtype keeps the rule
     assert other.bucket.threads_per_row == 128
 
-    plain = render_project(Target("rmsnorm", "sm_90", ("bfloat16",)))
-    with_table = render_project(Target("rmsnorm", "sm_90", ("bfloat16",), table(choice())))
+    target = resolve_target("rmsnorm", "sm_90", ("bfloat16",))
+    plain = render_target(dataclasses.replace(target, tuning=None))
+    with_table = render_target(dataclasses.replace(target, tuning=table(choice())))
     assert plain["rmsnorm_cuda/rmsnorm.cu"] != with_table["rmsnorm_cuda/rmsnorm.cu"]
     assert "tuned on the NVIDIA H200" in with_table["rmsnorm_cuda/rmsnorm.cu"]
 
@@ -78,10 +88,16 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
 
 
 def test_elementwise_and_rotary_tune_their_block():
+    """The tuned block size reaches the plan and the launcher of that dtype (the others keep the rule's)."""
     for op in ("silu_and_mul", "rope3d"):
-        plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16",
-                           table(choice(op=op, max_row_bytes=None, threads=512, rule=256)))
-        assert {b.block_threads for b in plan.buckets} == {512}
+        tuned = table(choice(op=op, max_row_bytes=None, threads=512, rule=256))
+        plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16", tuned)
+        assert {b.block_threads for b in plan.buckets} == {512} and plan.block_threads == 512
+        source = render_target(dataclasses.replace(resolve_target(op, "sm_90", ("float16", "bfloat16")),
+                                                   tuning=tuned))[f"{op}_cuda/{op}.cu"]
+        launchers = source.split("cudaError_t launch_")
+        assert "constexpr int kBlockThreads = 512;" in next(p for p in launchers if p.startswith("bfloat16"))
+        assert "constexpr int kBlockThreads = 256;" in next(p for p in launchers if p.startswith("float16"))
 
 
 def test_a_table_over_the_register_budget_is_refused():

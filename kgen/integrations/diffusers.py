@@ -20,7 +20,7 @@ from types import MethodType
 from typing import Any, Callable, NamedTuple
 
 from ..builder import build_op, device_arch, load
-from ..catalog import KgenError
+from ..errors import KgenError
 
 OPS = ("adaln_rmsnorm", "residual_adaln_rmsnorm", "residual_adaln_layernorm", "rmsnorm", "rope3d_qk", "rope3d_coords",
        "gelu_tanh")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..catalog import KgenError
+from ..errors import KgenError
 from .diffusers import patch
 from .transformers import kernelize
 

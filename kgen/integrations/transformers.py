@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..builder import build_op, device_arch
-from ..catalog import KgenError, load_spec
+from ..catalog import load_spec
+from ..errors import KgenError
 
 OPS = ("rmsnorm", "silu_mul")  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" on request
 

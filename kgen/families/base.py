@@ -1,0 +1,255 @@
+"""What every structure family shares: the plan types, the benchmark case, the render context's common part, and
+the `Family` interface the core calls. A family (one module per structure kind) subclasses `Family` and fills in
+its DSL node, plan, render context, shapes and templates; the core never asks which family it holds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from ..codegen import statements
+from ..dsl import OpSpec, Structure, Tensor
+from ..profile import ArchProfile, TuningTable
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape an op runs at: the outputs' shape (a rotary op's lead tensor's), broadcast inputs per batch
+    ([..., 1, hidden]) or per token, params other than their defaults, a second rotated tensor's head count."""
+
+    shape: tuple[int, ...]
+    per_batch: bool = False
+    params: tuple[tuple[str, float], ...] = ()
+    k_heads: int | None = None
+
+    @property
+    def label(self) -> str:
+        extra = [f"{k}={v:g}" for k, v in self.params] + ([f"k heads {self.k_heads}"] if self.k_heads else [])
+        return ("×".join(map(str, self.shape)) + (" per batch" if self.per_batch else "")
+                + (f" ({', '.join(extra)})" if extra else ""))
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    def param_values(self, spec: OpSpec) -> list:
+        given = dict(self.params)
+        return [(int if p.integer else float)(given.get(p.name, p.default)) for p in spec.params]
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One compiled kernel configuration, serving rows up to ``max_row_bytes`` (None: any)."""
+
+    max_row_bytes: int | None
+    elems_per_access: int
+    threads_per_row: int  # threads per block where rows are flattened
+    rows_per_block: int
+    max_accesses_per_thread: int  # the register array length (registers storage only)
+    storage: str  # where a row lives between passes: "registers" | "shared" | "global" (re-read)
+    columns_fit: bool  # per-column inputs fit in registers beside the row (loaded with it in one-wave grids)
+    reasons: dict[str, str] = field(compare=False, hash=False)
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def vectorized(self) -> bool:
+        return self.elems_per_access > 1
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Every configuration compiled for (op, arch, dtype), and the plan-wide choices the templates print. A
+    family may subclass it with more choices."""
+
+    op: str
+    arch: str
+    dtype: str
+    family: str
+    elem_bytes: int
+    vector_elems: int  # elements per access on the vector path (the profile's widest access)
+    scalar_elems: int  # elements per access on the scalar path
+    block_threads: int  # threads per block where rows are flattened or short
+    buckets: list[Bucket]
+    notes: dict[str, str]  # choice -> the rule behind it
+
+    @property
+    def vector_bytes(self) -> int:
+        return self.vector_elems * self.elem_bytes
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The configuration the generated launcher picks for one contiguous, aligned shape, and why."""
+
+    kernel: KernelPlan
+    bucket: Bucket
+    rows: int
+    hidden: int
+    grid: int
+    shared_bytes: int
+    min_bytes: int
+    choices: list[tuple[str, str, str]]  # (choice, value, why): what `kgen explain` prints
+
+    def roofline_us(self, bandwidth_gbs: float) -> float:
+        return self.min_bytes / (bandwidth_gbs * 1e9) * 1e6
+
+
+@dataclass(frozen=True)
+class Templates:
+    """The templates a family renders, by path under its template root (codegen_templates/ for kgen's own)."""
+
+    kernel: str  # the .cu: kernels and the launcher
+    args: str  # the launcher's argument struct, in the .h
+    binding: str  # <op>_forward in torch_binding.cpp: argument checks, views, the launch
+    fake: str  # the checks of the Python fake (meta) kernel
+    inputs: str  # CARD.md's "Inputs" section
+
+
+@dataclass(frozen=True)
+class ConventionCode:
+    """One convention as the templates print it: the op name suffix (none for the default) and the statements
+    sympy printed (their shape is the family's)."""
+
+    name: str
+    matches: str
+    suffix: str
+    lines: Any
+    prologue: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FamilyContext:
+    """The family's part of the render context; a family subclasses it with the fields its templates read."""
+
+    conventions: list[ConventionCode]
+    templates: Templates
+    fake_outputs: list[str]  # per output, the Python expression of an empty tensor like it (the fake kernel's)
+
+
+class Family:
+    """One structure kind end to end. A subclass sets the class attributes and implements the hooks below; the
+    registry (kgen.families) maps its ``structure`` to it."""
+
+    name: ClassVar[str]  # the structure's kind
+    structure: ClassVar[type[Structure]]
+    templates: ClassVar[Templates]
+    template_root: ClassVar[Path | None] = None  # None: kgen's codegen_templates/
+    facts: ClassVar[type[BaseModel] | None] = None  # the schema of the profiles' [planner.<name>] table
+
+    def plan(self, spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None) -> KernelPlan:
+        raise NotImplementedError
+
+    def launch(self, spec: OpSpec, profile: ArchProfile, kernel: KernelPlan, case: Case) -> LaunchPlan:
+        raise NotImplementedError
+
+    def context(self, spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan]) -> FamilyContext:
+        raise NotImplementedError
+
+    def describe(self, plans: list[KernelPlan]) -> list[str]:
+        """The plan as text (the .cu header and CARD.md): the rule behind each choice, then each dtype's
+        configurations."""
+        lines = ["the launcher picks the access width at run time"]
+        lines += [f"{key}: {why}" for key, why in plans[0].notes.items()]
+        return lines + [f"{kp.dtype}: " + ", ".join(f"{b.elems_per_access} elem/access" for b in kp.buckets)
+                        + f"; {kp.block_threads} threads/block"
+                        + ("" if kp.notes["block_threads"] == plans[0].notes["block_threads"]
+                           else f" ({kp.notes['block_threads']})") for kp in plans]
+
+    def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def example_cases(self, spec: OpSpec) -> list[Case]:
+        """The shapes of the generated project's own test: edge sizes and a few real ones."""
+        raise NotImplementedError
+
+    # -- kgen tune ---------------------------------------------------------------------------------------------
+    def tunable(self, plan: KernelPlan) -> list[Bucket]:
+        """The configurations whose threads `kgen tune` varies: by default the vector one."""
+        return [b for b in plan.buckets if b.vectorized][:1]
+
+    def threads_allowed(self, spec: OpSpec, profile: ArchProfile, plan: KernelPlan, bucket: Bucket,
+                        threads: int) -> bool:
+        return 64 <= threads <= profile.max_threads_per_block
+
+    # -- helpers for subclasses ----------------------------------------------------------------------------------
+    def check_facts(self, profile: ArchProfile) -> BaseModel | None:
+        """This family's table of the profile, validated (pydantic raises naming the field)."""
+        return None if self.facts is None else self.facts.model_validate(profile.family_facts(self.name))
+
+
+def printed_names(spec: OpSpec) -> dict[str, str]:
+    """How the kernels name each param and builtin symbol: members of their Params struct."""
+    return {p.name: f"params.{p.name}" for p in spec.params} | {"hidden": "params.hidden",
+                                                               "inv_hidden": "params.inv_hidden"}
+
+
+def convention_code(spec: OpSpec, names: dict[str, str], lines=None, prologue=None) -> list[ConventionCode]:
+    """Each convention with its outputs printed as `<output>_out = ...;` statements (or ``lines(c)``)."""
+    return [ConventionCode(c.name, c.matches, spec.variant(c.name).removeprefix(spec.name),
+                           lines(c) if lines else statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
+                           prologue(c) if prologue else [])
+            for c in spec.structure.conventions]
+
+
+def vector_notes(plan_dtype: str, vector_elems: int, elem_bytes: int, tensors: str, what: str) -> dict[str, str]:
+    """The vector path's note; ``tensors`` says which must be aligned, with its verb ("x, out are")."""
+    vector_bytes = vector_elems * elem_bytes
+    return {"vector path": f"{vector_bytes}-byte accesses ({vector_elems} × {plan_dtype}) when {tensors} "
+                           f"{vector_bytes}-byte aligned and hidden and strides are multiples of {vector_elems}"
+                           f"{what}: the widest global access a thread can issue (profile max_access_bytes)"}
+
+
+def min_bytes(family: Family, spec: OpSpec, case: Case, elem: int) -> int:
+    """Each input read once and each output written once (broadcast inputs counted per row)."""
+    full = Case(case.shape, False, case.params, case.k_heads)
+    return sum(math.prod(family.tensor_shape(spec, t, full)) * (4 if t.dtype == "float32" else elem)
+               for t in spec.tensors)
+
+
+class RowsFamily(Family):
+    """The [rows, hidden] layout that the row reduction and elementwise families share: every tensor viewed as
+    rows of the lead tensor's last dim ('*rows hidden', '*rows 2*hidden' packed, 'hidden' per column), a
+    broadcast input read with an outer stride."""
+
+    def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
+        shape = tuple(case.shape)
+        if tensor.packed:
+            return (*shape[:-1], 2 * shape[-1])
+        if tensor.column:
+            return shape[-1:]
+        if tensor.broadcast and case.per_batch and len(shape) >= 2:
+            return (*shape[:-2], 1, shape[-1])
+        return shape
+
+    def example_cases(self, spec: OpSpec) -> list[Case]:
+        return [Case(shape) for shape in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)]]
+
+    @staticmethod
+    def kernel_arguments(spec: OpSpec) -> tuple[str, str]:
+        """The kernel's tensor parameters and the launcher's matching arguments: pointers, row strides, and the
+        outer strides of broadcast inputs."""
+        params, args = [], []
+        for t in spec.row_inputs + spec.column_inputs + spec.outputs:
+            const = "" if t.role == "output" else "const "
+            params.append(f"{const}T* __restrict__ {t.name}")
+            args.append(f"static_cast<{const}T*>(args.{t.name})")
+            for stride in (["row"] if t.per_row else []) + (["outer"] if t.broadcast else []):
+                params.append(f"int64_t {t.name}_{stride}_stride")
+                args.append(f"args.{t.name}_{stride}_stride")
+        return ", ".join(params), ", ".join(args)
+
+
+def rows_fake_outputs(spec: OpSpec) -> list[str]:
+    """Every output has the lead's shape (its last dim halved when the lead is packed)."""
+    lead = spec.lead
+    shape = f"list({lead.name}.shape[:-1]) + [{lead.name}.shape[-1] // 2]" if lead.packed else f"{lead.name}.shape"
+    return [f"torch.empty({shape}, dtype={lead.name}.dtype, device={lead.name}.device)"] * len(spec.outputs)

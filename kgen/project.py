@@ -1,0 +1,108 @@
+"""The project a build writes: what it is built from (a `Target`: the loaded spec, profile, dtypes and tuning
+table), how it is named on the Hub and on disk, and how its files reach the disk (atomically)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .catalog import load_profile, load_spec, load_tuning, spec_hash
+from .dsl import OpSpec
+from .planner import check_dtype
+from .profile import ArchProfile, TuningTable
+
+
+def kernel_name(op: str, arch: str) -> str:
+    """The Hub name: lowercase and dash-separated, e.g. rmsnorm-sm90."""
+    return f"{op}-{arch}".replace("_", "-").replace("sm-", "sm")
+
+
+def python_name(op: str, arch: str) -> str:
+    return kernel_name(op, arch).replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One project: an op's spec for one arch profile and some of its dtypes, loaded once."""
+
+    spec: OpSpec
+    profile: ArchProfile
+    dtypes: tuple[str, ...]
+    spec_hash: str
+    tuning: TuningTable | None = field(default=None, compare=False)  # the arch's `kgen tune` table
+
+    @property
+    def op(self) -> str:
+        return self.spec.name
+
+    @property
+    def arch(self) -> str:
+        return self.profile.name
+
+    @property
+    def kernel_name(self) -> str:
+        return kernel_name(self.op, self.arch)
+
+    @property
+    def python_name(self) -> str:
+        return python_name(self.op, self.arch)
+
+
+def resolve_target(op: str, arch: str, dtypes: list[str] | tuple[str, ...] | None = None) -> Target:
+    """Loads the op's spec, the arch's profile and tuning table; every dtype the arch runs unless ``dtypes``."""
+    spec, profile = load_spec(op), load_profile(arch)
+    for dtype in dtypes or []:
+        check_dtype(profile, dtype)
+    return Target(spec, profile, tuple(dtypes or profile.dtypes), spec_hash(op), load_tuning(profile.name))
+
+
+def write_tree(files: dict[str, str | bytes], out_dir: Path, keep: tuple[str, ...] = ()) -> None:
+    """Writes ``files`` as the whole content of ``out_dir``, atomically: they go to a sibling temporary folder that
+    replaces ``out_dir`` only once complete, under a lock on the parent folder so concurrent writers of the same
+    output take turns. Entries named in ``keep`` (e.g. a previous build/) are carried over. Folders get the
+    permissions of a plain mkdir (the umask's)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.new.{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    try:
+        for rel, text in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with _locked(out_dir.parent):
+            if not out_dir.exists():
+                os.replace(staging, out_dir)
+                return
+            kept = [name for name in keep if (out_dir / name).exists()]
+            for name in kept:
+                os.replace(out_dir / name, staging / name)
+            old = staging.with_name(staging.name.replace(".new.", ".old."))
+            try:
+                os.replace(out_dir, old)
+                os.replace(staging, out_dir)
+            except BaseException:
+                if old.exists() and not out_dir.exists():
+                    os.replace(old, out_dir)
+                for name in kept:
+                    if (staging / name).exists():
+                        os.replace(staging / name, out_dir / name)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
