@@ -46,22 +46,37 @@ def bars(row: dict, empty_us: float, compiled: str | None, vs_compile: float | N
     return out
 
 
-def tensor_shape(spec: OpSpec, tensor: Tensor, shape, per_batch: bool = False,
-                 k_heads: int | None = None) -> tuple[int, ...]:
+def tensor_shape(
+    spec: OpSpec, tensor: Tensor, shape, per_batch: bool = False, k_heads: int | None = None
+) -> tuple[int, ...]:
     """The shape of the spec's tensor when the op's outputs (a rotary op's lead tensor) have ``shape``."""
     return family_of(spec).tensor_shape(spec, tensor, Case(tuple(shape), per_batch, (), k_heads))
 
 
-def example_inputs(spec, shape, dtype, *, per_batch: bool = False, k_heads: int | None = None, generator=None,
-                   magnitude: float = 1.0, present: dict[str, bool] | None = None) -> list:
+def example_inputs(
+    spec,
+    shape,
+    dtype,
+    *,
+    per_batch: bool = False,
+    k_heads: int | None = None,
+    generator=None,
+    magnitude: float = 1.0,
+    present: dict[str, bool] | None = None,
+) -> list:
     """Fresh random inputs (normal, times ``magnitude``; float32 tensors in float32) for the op at
     ``shape``; None for the optional inputs that ``present`` leaves out."""
     import torch
 
-    return [None if t.optional and not (present or {}).get(t.name, True) else
-            (torch.randn(tensor_shape(spec, t, shape, per_batch, k_heads), generator=generator, device="cuda")
-             * magnitude).to(torch.float32 if t.dtype == "float32" else dtype)
-            for t in spec.inputs]
+    return [
+        None
+        if t.optional and not (present or {}).get(t.name, True)
+        else (
+            torch.randn(tensor_shape(spec, t, shape, per_batch, k_heads), generator=generator, device="cuda")
+            * magnitude
+        ).to(torch.float32 if t.dtype == "float32" else dtype)
+        for t in spec.inputs
+    ]
 
 
 class Timer:
@@ -108,8 +123,17 @@ class Timer:
         return times
 
 
-def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Console,
-              dtype: str = "bfloat16", rounds: int = 3, graphs: bool = False) -> dict:
+def run_bench(
+    op: str,
+    *,
+    out: Path,
+    repeats: int,
+    build_root: Path,
+    console: Console,
+    dtype: str = "bfloat16",
+    rounds: int = 3,
+    graphs: bool = False,
+) -> dict:
     import torch
 
     from .builder import build_op, device_arch, load
@@ -128,9 +152,11 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     ceiling = LARGE_COPY_BYTES / large_copy / 1e3
     tiny = torch.empty(1, device="cuda")
     empty = statistics.median(timer.rounds_us({"empty": lambda: tiny.zero_()}, rounds)["empty"])
-    console.print(f"{torch.cuda.get_device_name()}: {LARGE_COPY_BYTES >> 30} GiB-traffic copy "
-                  f"{large_copy:.0f} µs = {ceiling:.0f} GB/s; empty launch {empty:.1f} µs"
-                  + ("; CUDA-graph replays" if graphs else ""))
+    console.print(
+        f"{torch.cuda.get_device_name()}: {LARGE_COPY_BYTES >> 30} GiB-traffic copy "
+        f"{large_copy:.0f} µs = {ceiling:.0f} GB/s; empty launch {empty:.1f} µs"
+        + ("; CUDA-graph replays" if graphs else "")
+    )
     cases = suite(op)
     if not cases:
         raise UsageError(f"bench/shapes.toml has no shapes for {op!r}")
@@ -141,8 +167,10 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
         outputs = kernel(*inputs, *params)
         # each input read once, each output written once
-        min_bytes = sum(t.numel() * t.element_size()
-                        for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])])
+        min_bytes = sum(
+            t.numel() * t.element_size()
+            for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])]
+        )
         del outputs
         same_copy = timer.copy_us(min_bytes)
         fns = {"kgen": lambda: kernel(*inputs, *params)}
@@ -166,8 +194,12 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
         times = {name: statistics.median(t) for name, t in per_round.items()}
         best_peer = min(t for name, t in times.items() if name != "kgen") if len(times) > 1 else None
         row = {
-            "shape": list(case.shape), "label": case.label, "min_bytes": min_bytes, "copy_same_us": same_copy,
-            "times_us": times, "rounds_us": per_round,
+            "shape": list(case.shape),
+            "label": case.label,
+            "min_bytes": min_bytes,
+            "copy_same_us": same_copy,
+            "times_us": times,
+            "rounds_us": per_round,
             "kgen_gbs": min_bytes / times["kgen"] / 1e3,
             "kgen_pct_large_copy": 100 * min_bytes / times["kgen"] / 1e3 / ceiling,
             "kgen_pct_same_copy": 100 * same_copy / times["kgen"],
@@ -176,10 +208,20 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
         row["bars"] = bars(row, empty, compiled_name, vs_compile)
         rows_out.append(row)
     result = {
-        "op": op, "dtype": dtype, "device": torch.cuda.get_device_name(), "arch": arch,
-        "torch": torch.__version__, "date": datetime.date.today().isoformat(), "host": platform.node(),
-        "repeats": repeats, "rounds": rounds, "mode": "graphs" if graphs else "events",
-        "large_copy_us": large_copy, "large_copy_gbs": ceiling, "empty_launch_us": empty, "rows": rows_out,
+        "op": op,
+        "dtype": dtype,
+        "device": torch.cuda.get_device_name(),
+        "arch": arch,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "host": platform.node(),
+        "repeats": repeats,
+        "rounds": rounds,
+        "mode": "graphs" if graphs else "events",
+        "large_copy_us": large_copy,
+        "large_copy_gbs": ceiling,
+        "empty_launch_us": empty,
+        "rows": rows_out,
     }
     out.mkdir(parents=True, exist_ok=True)
     stem = op + ("-graphs" if graphs else "")
@@ -188,12 +230,28 @@ def run_bench(op: str, *, out: Path, repeats: int, build_root: Path, console: Co
     plot(result, out / f"{stem}.png")
     table = Table(title=f"{op} {dtype} on {result['device']} (median µs, {result['mode']})")
     names = list(rows_out[0]["times_us"])
-    for col in ["shape", "MB", *names, "kgen GB/s", "% 4GiB copy", "% same copy", "best peer / kgen", "bars missed"]:
+    for col in [
+        "shape",
+        "MB",
+        *names,
+        "kgen GB/s",
+        "% 4GiB copy",
+        "% same copy",
+        "best peer / kgen",
+        "bars missed",
+    ]:
         table.add_column(col, justify="right")
     for r in rows_out:
-        table.add_row(r["label"], f"{r['min_bytes'] / MB:.1f}", *[f"{r['times_us'][n]:.1f}" for n in names],
-                      f"{r['kgen_gbs']:.0f}", f"{r['kgen_pct_large_copy']:.0f}", f"{r['kgen_pct_same_copy']:.0f}",
-                      f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-", _missed(r))
+        table.add_row(
+            r["label"],
+            f"{r['min_bytes'] / MB:.1f}",
+            *[f"{r['times_us'][n]:.1f}" for n in names],
+            f"{r['kgen_gbs']:.0f}",
+            f"{r['kgen_pct_large_copy']:.0f}",
+            f"{r['kgen_pct_same_copy']:.0f}",
+            f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-",
+            _missed(r),
+        )
     console.print(table)
     return result
 
@@ -204,8 +262,11 @@ def _missed(row: dict) -> str:
 
 def summary(results: list[dict]) -> str:
     """One line per op and shape over every op benchmarked: what `kgen bench --all` writes."""
-    lines = ["| op | shape | MB moved | kgen µs | best peer µs | best peer / kgen | % of 4 GiB copy "
-             "| % of same-size copy | bars missed |", "|---" * 9 + "|"]
+    lines = [
+        "| op | shape | MB moved | kgen µs | best peer µs | best peer / kgen | % of 4 GiB copy "
+        "| % of same-size copy | bars missed |",
+        "|---" * 9 + "|",
+    ]
     met = total = 0
     for result in results:
         for r in result["rows"]:
@@ -213,14 +274,19 @@ def summary(results: list[dict]) -> str:
             best = min(peers, key=peers.get) if peers else None
             met += all(r["bars"].values())
             total += 1
-            lines.append(f"| {result['op']} | {r['label']} | {r['min_bytes'] / MB:.1f} | {r['times_us']['kgen']:.1f} | "
-                         + (f"{peers[best]:.1f} ({best})" if best else "-")
-                         + f" | {r['best_peer_over_kgen'] or 0:.2f} | {r['kgen_pct_large_copy']:.0f} | "
-                         f"{r['kgen_pct_same_copy']:.0f} | {_missed(r)} |")
+            lines.append(
+                f"| {result['op']} | {r['label']} | {r['min_bytes'] / MB:.1f} | {r['times_us']['kgen']:.1f} "
+                f"| "
+                + (f"{peers[best]:.1f} ({best})" if best else "-")
+                + f" | {r['best_peer_over_kgen'] or 0:.2f} | {r['kgen_pct_large_copy']:.0f} | "
+                f"{r['kgen_pct_same_copy']:.0f} | {_missed(r)} |"
+            )
     first = results[0]
-    head = (f"{first['dtype']}, {first['device']} ({first['arch']}), torch {first['torch']}, {first['date']}, "
-            f"{first['mode']}; median of {first['rounds']} rounds of {first['repeats']} runs. "
-            f"Every bar met at {met} of {total} shapes.")
+    head = (
+        f"{first['dtype']}, {first['device']} ({first['arch']}), torch {first['torch']}, {first['date']}, "
+        f"{first['mode']}; median of {first['rounds']} rounds of {first['repeats']} runs. "
+        f"Every bar met at {met} of {total} shapes."
+    )
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
@@ -237,13 +303,30 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for name in rows[0]["times_us"]:
         # markers only: shapes of different hidden sizes can move the same bytes
-        ax.plot(mb, [r["min_bytes"] / r["times_us"][name] / 1e3 for r in rows], linestyle="none", label=name,
-                marker="o" if name == "kgen" else "x", markersize=8 if name == "kgen" else 6)
-    ax.plot(mb, [r["min_bytes"] / r["copy_same_us"] / 1e3 for r in rows], "k--", label="copy_ of the same bytes")
-    ax.axhline(result["large_copy_gbs"], color="gray", linestyle=":",
-               label=f"4 GiB copy_: {result['large_copy_gbs']:.0f} GB/s")
-    ax.set(xscale="log", xlabel="minimum bytes moved (MB)", ylabel="effective bandwidth (GB/s)",
-           title=f"{result['op']} {result['dtype']} on {result['device']}, torch {result['torch']}, {result['date']}")
+        ax.plot(
+            mb,
+            [r["min_bytes"] / r["times_us"][name] / 1e3 for r in rows],
+            linestyle="none",
+            label=name,
+            marker="o" if name == "kgen" else "x",
+            markersize=8 if name == "kgen" else 6,
+        )
+    ax.plot(
+        mb, [r["min_bytes"] / r["copy_same_us"] / 1e3 for r in rows], "k--", label="copy_ of the same bytes"
+    )
+    ax.axhline(
+        result["large_copy_gbs"],
+        color="gray",
+        linestyle=":",
+        label=f"4 GiB copy_: {result['large_copy_gbs']:.0f} GB/s",
+    )
+    ax.set(
+        xscale="log",
+        xlabel="minimum bytes moved (MB)",
+        ylabel="effective bandwidth (GB/s)",
+        title=f"{result['op']} {result['dtype']} on {result['device']}, torch {result['torch']}, "
+        f"{result['date']}",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -252,17 +335,24 @@ def plot(result: dict, path: Path) -> None:
 
 def markdown(result: dict) -> str:
     names = list(result["rows"][0]["times_us"])
-    lines = [f"{result['op']}, {result['dtype']}, {result['device']} ({result['arch']}), torch {result['torch']}, "
-             f"{result['date']}; {result.get('mode', 'events')}, median of {result.get('rounds', 1)} rounds of "
-             f"{result['repeats']} runs, L2 flushed; 4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = "
-             f"{result['large_copy_gbs']:.0f} GB/s; empty launch {result.get('empty_launch_us', 0):.1f} µs.", "",
-             "| shape | MB moved | " + " | ".join(f"{n} µs" for n in names)
-             + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen | bars missed |",
-             "|---" * (len(names) + 7) + "|"]
+    lines = [
+        f"{result['op']}, {result['dtype']}, {result['device']} ({result['arch']}), torch {result['torch']}, "
+        f"{result['date']}; {result.get('mode', 'events')}, median of {result.get('rounds', 1)} rounds of "
+        f"{result['repeats']} runs, L2 flushed; 4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = "
+        f"{result['large_copy_gbs']:.0f} GB/s; empty launch {result.get('empty_launch_us', 0):.1f} µs.",
+        "",
+        "| shape | MB moved | "
+        + " | ".join(f"{n} µs" for n in names)
+        + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen | bars missed |",
+        "|---" * (len(names) + 7) + "|",
+    ]
     for r in result["rows"]:
         ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
-        lines.append(f"| {r['label']} | {r['min_bytes'] / MB:.1f} | "
-                     + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
-                     + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | {ratio} "
-                     f"| {_missed(r)} |")
+        lines.append(
+            f"| {r['label']} | {r['min_bytes'] / MB:.1f} | "
+            + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
+            + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | "
+            f"{ratio} "
+            f"| {_missed(r)} |"
+        )
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
-"""Build & load: writes a target's project (plans, rendering, the files on disk), compiles it with nvcc and the
-host compiler into the build variant kernel-builder would produce (build/<variant>/ with __init__.py, _ops.py,
-metadata.json and <ops name>.abi3.so), and loads it through `kernels`. No Nix, CMake or kernel-builder needed."""
+"""Build & load: writes a target's project (plans, rendering, the files on disk), compiles it with nvcc and
+the host compiler into the build variant kernel-builder would produce (build/<variant>/ with __init__.py,
+_ops.py, metadata.json and <ops name>.abi3.so), and loads it through `kernels`. No Nix, CMake or
+kernel-builder needed."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ CXX = os.environ.get("CXX", "c++")
 
 
 def find_nvcc() -> str:
-    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"),
-                      str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")):
+    for candidate in (
+        os.environ.get("NVCC"),
+        shutil.which("nvcc"),
+        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"),
+    ):
         if candidate and Path(candidate).is_file():
             return candidate
     raise BuildError("nvcc not found: put the CUDA toolkit's bin/ on PATH, or set NVCC or CUDA_HOME")
@@ -57,7 +61,9 @@ NVCC_FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-conste
 def _run(cmd: list[str], what: str) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+        raise BuildError(
+            f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+        )
     return proc.stdout + proc.stderr
 
 
@@ -76,7 +82,9 @@ def parse_ptxas(log: str) -> list[PtxasEntry]:
     for line in log.splitlines():
         if m := re.search(r"Compiling entry function '([^']+)'", line):
             name = m.group(1)
-        elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+        elif m := re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
+        ):
             frame = tuple(int(g) for g in m.groups())
         elif (m := re.search(r"Used (\d+) registers", line)) and name and frame:
             entries.append(PtxasEntry(name, int(m.group(1)), *frame))
@@ -98,8 +106,10 @@ def _torch_env():
         raise BuildError("building needs torch") from err
     root = Path(torch.__file__).parent
     if torch.version.cuda is None or not (root / "include/c10/cuda/impl/cuda_cmake_macros.h").is_file():
-        raise BuildError(f"torch {torch.__version__} is not a CUDA build (no CUDA headers); the bindings "
-                        "need one, e.g. `pip install torch==2.14.1` (cu130)")
+        raise BuildError(
+            f"torch {torch.__version__} is not a CUDA build (no CUDA headers); the bindings "
+            "need one, e.g. `pip install torch==2.14.1` (cu130)"
+        )
     return torch, root
 
 
@@ -113,8 +123,11 @@ def variant_name() -> str:
 
 
 def _sources(project: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(project)): p.read_bytes() for p in sorted(project.rglob("*"))
-            if p.is_file() and "build" not in p.relative_to(project).parts and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(project)): p.read_bytes()
+        for p in sorted(project.rglob("*"))
+        if p.is_file() and "build" not in p.relative_to(project).parts and "__pycache__" not in p.parts
+    }
 
 
 def ops_name(project: Path, python_name: str, flags: list[str]) -> str:
@@ -160,12 +173,29 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
         tmp = Path(tmp)
         for rel, text in render_local_files(name).items():
             (tmp / rel).write_text(text)
-        includes = [tmp, torch_root / "include", torch_root / "include/torch/csrc/api/include",
-                    home / "include", Path(sysconfig.get_paths()["include"])]
-        binding_cmd = [CXX, cxx_std, "-O2", "-fPIC", "-c", str(project / "torch-ext/torch_binding.cpp"),
-                       "-o", str(tmp / "torch_binding.o"), f"-DTORCH_EXTENSION_NAME={name}",
-                       "-DPy_LIMITED_API=0x03090000", "-DCUDA_KERNEL", "-DUSE_CUDA=1",
-                       f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in includes]]
+        includes = [
+            tmp,
+            torch_root / "include",
+            torch_root / "include/torch/csrc/api/include",
+            home / "include",
+            Path(sysconfig.get_paths()["include"]),
+        ]
+        binding_cmd = [
+            CXX,
+            cxx_std,
+            "-O2",
+            "-fPIC",
+            "-c",
+            str(project / "torch-ext/torch_binding.cpp"),
+            "-o",
+            str(tmp / "torch_binding.o"),
+            f"-DTORCH_EXTENSION_NAME={name}",
+            "-DPy_LIMITED_API=0x03090000",
+            "-DCUDA_KERNEL",
+            "-DUSE_CUDA=1",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *[f"-I{p}" for p in includes],
+        ]
         step(f"compiling {op}.cu for {profile.name} and the torch binding (torch {torch.__version__})")
         with ThreadPoolExecutor(max_workers=2) as pool:
             kernel = pool.submit(compile_kernel, project, op, profile, tmp / f"{op}.o", nvcc)
@@ -174,18 +204,44 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
             binding.result()
         step("linking")
         lib = f"{name}.abi3.so"
-        _run([CXX, "-shared", "-o", str(tmp / lib), str(tmp / f"{op}.o"), str(tmp / "torch_binding.o"),
-              f"-L{torch_root / 'lib'}", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda",
-              f"-L{home / 'lib64'}", "-lcudart"], "linking")
+        _run(
+            [
+                CXX,
+                "-shared",
+                "-o",
+                str(tmp / lib),
+                str(tmp / f"{op}.o"),
+                str(tmp / "torch_binding.o"),
+                f"-L{torch_root / 'lib'}",
+                "-lc10",
+                "-lc10_cuda",
+                "-ltorch",
+                "-ltorch_cpu",
+                "-ltorch_cuda",
+                f"-L{home / 'lib64'}",
+                "-lcudart",
+            ],
+            "linking",
+        )
 
         package = project / "torch-ext" / python_name
         files = {p.name: p.read_text() for p in sorted(package.glob("*.py"))}
         files["_ops.py"] = (tmp / "_ops.py").read_text()
-        files["metadata.json"] = json.dumps({
-            "id": name, "name": kernel_name, "version": 1, "license": "apache-2.0",
-            "python-depends": [], "kernel-depends": [],
-            "backend": {"type": "cuda", "archs": [profile.compute_capability]},
-        }, indent=2) + "\n"
+        files["metadata.json"] = (
+            json.dumps(
+                {
+                    "id": name,
+                    "name": kernel_name,
+                    "version": 1,
+                    "license": "apache-2.0",
+                    "python-depends": [],
+                    "kernel-depends": [],
+                    "backend": {"type": "cuda", "archs": [profile.compute_capability]},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         files["ptxas.log"] = ptxas_log
         files[lib] = (tmp / lib).read_bytes()
         write_tree(files, out)
@@ -216,4 +272,3 @@ def load(project: Path):
     from kernels import get_local_kernel
 
     return get_local_kernel(Path(project))
-

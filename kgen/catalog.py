@@ -10,11 +10,11 @@ import importlib
 import importlib.util
 import os
 import sys
-import tomllib
 import types
 from functools import cache
 from pathlib import Path
 
+import tomllib
 from pydantic import ValidationError
 
 from .dsl import OpSpec
@@ -46,7 +46,9 @@ def ops_dirs() -> list[Path]:
 
 
 def op_names() -> list[str]:
-    return sorted({p.stem for d in ops_dirs() if d.is_dir() for p in d.glob("*.py") if not p.stem.startswith("_")})
+    return sorted(
+        {p.stem for d in ops_dirs() if d.is_dir() for p in d.glob("*.py") if not p.stem.startswith("_")}
+    )
 
 
 def arch_names() -> list[str]:
@@ -71,8 +73,8 @@ def _frames(tb):
 
 
 def load_families() -> list[Family]:
-    """Registers the family modules of $KGEN_FAMILIES_PATH (each defines `family = <a Family>`), once per folder
-    list; they import as kgen_families.<module>."""
+    """Registers the family modules of $KGEN_FAMILIES_PATH (each defines `family = <a Family>`), once per
+    folder list; they import as kgen_families.<module>."""
     return _load_families(tuple(_path_dirs("KGEN_FAMILIES_PATH")))
 
 
@@ -109,8 +111,11 @@ def load_spec(name: str) -> OpSpec:
 def _load_spec(name: str) -> OpSpec:
     load_families()
     # a file name found in a spec folder: never a path out of it
-    path = next((d / f"{name}.py" for d in ops_dirs() if (d / f"{name}.py").is_file()), None) \
-        if name in op_names() else None
+    path = (
+        next((d / f"{name}.py" for d in ops_dirs() if (d / f"{name}.py").is_file()), None)
+        if name in op_names()
+        else None
+    )
     if path is None:
         raise SpecError(f"unknown op {name!r}; known ops: {', '.join(op_names()) or '(none)'}")
     module_name = f"{_SPECS}.{name}"
@@ -121,13 +126,22 @@ def _load_spec(name: str) -> OpSpec:
     try:
         loader_spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - any failure of the user's module is reported as the spec's
-        line = next((tb.tb_lineno for tb in _frames(err.__traceback__)
-                     if Path(tb.tb_frame.f_code.co_filename) == path), None)
+        line = next(
+            (
+                tb.tb_lineno
+                for tb in _frames(err.__traceback__)
+                if Path(tb.tb_frame.f_code.co_filename) == path
+            ),
+            None,
+        )
         where = f"{path}:{line}" if line else str(path)
         if isinstance(err, ValidationError):
             raise SpecError(f"spec {name!r} ({where}) is invalid:\n{_format(err)}") from None
-        hint = (" (a family module: is its folder on $KGEN_FAMILIES_PATH?)"
-                if isinstance(err, ModuleNotFoundError) and (err.name or "").startswith(_FAMILIES) else "")
+        hint = (
+            " (a family module: is its folder on $KGEN_FAMILIES_PATH?)"
+            if isinstance(err, ModuleNotFoundError) and (err.name or "").startswith(_FAMILIES)
+            else ""
+        )
         raise SpecError(f"spec {name!r} ({where}) failed to load: {type(err).__name__}: {err}{hint}") from err
     finally:
         _dependencies[name] = _loading.pop()
@@ -173,13 +187,17 @@ def load_profile(name: str) -> ArchProfile:
     names = [f.name for f in families()]
     unknown = sorted(set(profile.planner.model_extra or {}) - set(names))
     if unknown:
-        raise ProfileError(f"{where} is invalid:\n  [planner.{unknown[0]}]: no structure family is named "
-                           f"{unknown[0]!r}; known: {', '.join(names)}")
+        raise ProfileError(
+            f"{where} is invalid:\n  [planner.{unknown[0]}]: no structure family is named "
+            f"{unknown[0]!r}; known: {', '.join(names)}"
+        )
     for family in families():
         try:
             family.check_facts(profile)
         except ValidationError as err:
-            raise ProfileError(f"{where} is invalid:\n{_format(err, f'ArchProfile.planner.{family.name}')}") from None
+            raise ProfileError(
+                f"{where} is invalid:\n{_format(err, f'ArchProfile.planner.{family.name}')}"
+            ) from None
         except ValueError as err:
             raise ProfileError(f"{where} is invalid:\n  {err}") from None
     return profile
@@ -200,8 +218,14 @@ def load_tuning(arch: str) -> TuningTable | None:
 def suite(op: str) -> list[Case]:
     """The op's benchmark shapes (bench/shapes.toml): a shape, or {shape = [...], per_batch = true,
     params = {...}, k_heads = N}; none for an op the suite does not list."""
-    return [Case(tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads"))
-            if isinstance(e, dict) else Case(tuple(e)) for e in suite_table(op).get("shapes", [])]
+    return [
+        Case(
+            tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads")
+        )
+        if isinstance(e, dict)
+        else Case(tuple(e))
+        for e in suite_table(op).get("shapes", [])
+    ]
 
 
 def suite_table(op: str) -> dict:

@@ -36,6 +36,7 @@ class CudaPrinter(C99CodePrinter):
 
     def _print_UnevaluatedExpr(self, expr):  # kept as written: e.g. a reciprocal multiplied, as torch does
         return f"({self._print(expr.args[0])})"
+
     _print_re = _print_UnevaluatedExpr  # every value is real: sympy writes Abs(exp(x)) as exp(re(x))
 
     def _print_Piecewise(self, expr):  # one line of nested conditionals

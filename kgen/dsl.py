@@ -1,10 +1,10 @@
 """The op-spec DSL: what an op computes, never how it is scheduled.
 
-An op spec (one module in ops/) declares its tensors, scalar params, the math as sympy expressions, its structure,
-its PyTorch reference and the layers it replaces. This module holds what every spec shares; each structure kind
-(row reduction, elementwise, rotary, ...) is a `Structure` defined by its family in kgen/families/, which adds its
-own fields, symbols and rules. Everything is validated with pydantic when the spec module is loaded, so a malformed
-spec fails with the spec, the field and what was expected.
+An op spec (one module in ops/) declares its tensors, scalar params, the math as sympy expressions, its
+structure, its PyTorch reference and the layers it replaces. This module holds what every spec shares; each
+structure kind (row reduction, elementwise, rotary, ...) is a `Structure` defined by its family in
+kgen/families/, which adds its own fields, symbols and rules. Everything is validated with pydantic when the
+spec module is loaded, so a malformed spec fails with the spec, the field and what was expected.
 
 Symbols every expression may use:
 - a tensor's name stands for that tensor's element at the current position (fp32);
@@ -24,22 +24,35 @@ import re
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 import sympy as sp
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 
 IDENTIFIER = r"^[a-z][a-z0-9_]{0,39}$"
-DOTTED_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"  # a module's class: transformers.x.LlamaRMSNorm
-CPP_KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
-char32_t class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
-decltype default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
-int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
-reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template this
-thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor
-xor_eq""".split())
+DOTTED_PATH = (
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"  # a module's class: transformers.x.LlamaRMSNorm
+)
+CPP_KEYWORDS = set(
+    """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t
+class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
+decltype default delete do double dynamic_cast else enum explicit export extern false float for friend
+goto if inline int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private
+protected public register reinterpret_cast requires return short signed sizeof static static_assert
+static_cast struct switch template this thread_local throw true try typedef typeid typename union
+unsigned using virtual void volatile wchar_t while xor xor_eq""".split()
+)
 
 
 def _check(ok: Callable[[Any], Any], why: str) -> AfterValidator:
-    """A field constraint: the value if ok(value), else the field's error 'must be <why>' (pydantic adds the value)."""
+    """A field constraint: the value if ok(value), else the field's error 'must be <why>' (pydantic adds
+    the value)."""
 
     def check(value):
         if not ok(value):
@@ -50,12 +63,23 @@ def _check(ok: Callable[[Any], Any], why: str) -> AfterValidator:
 
 
 # names become C++ and Python identifiers, and the op's name its file and folder names
-Identifier = Annotated[str, Field(pattern=IDENTIFIER), _check(
-    lambda v: not keyword.iskeyword(v) and v not in CPP_KEYWORDS, "a name that is no Python or C++ keyword")]
-# Free text goes into C++ // comments, Python docstrings, CARD.md and (escaped) flake.nix: one printable line (no
-# control, bidi or line-separator characters) without escapes or line splices, comment or docstring ends
-Text = Annotated[str, _check(lambda v: v.isprintable() and not re.search(r"\\|\*/|\"\"\"|'''|\?\?/", v),
-                             "one printable line without a backslash, '*/', '\"\"\"', \"'''\" or '??/'")]
+Identifier = Annotated[
+    str,
+    Field(pattern=IDENTIFIER),
+    _check(
+        lambda v: not keyword.iskeyword(v) and v not in CPP_KEYWORDS,
+        "a name that is no Python or C++ keyword",
+    ),
+]
+# Free text goes into C++ // comments, Python docstrings, CARD.md and (escaped) flake.nix: one printable line
+# (no control, bidi or line-separator characters) without escapes or line splices, comment or docstring ends
+Text = Annotated[
+    str,
+    _check(
+        lambda v: v.isprintable() and not re.search(r"\\|\*/|\"\"\"|'''|\?\?/", v),
+        "one printable line without a backslash, '*/', '\"\"\"', \"'''\" or '??/'",
+    ),
+]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]  # printed as a Python and C++ literal
 
 
@@ -66,14 +90,50 @@ class _Model(BaseModel):
 hidden, inv_hidden = sp.symbols("hidden inv_hidden")
 BUILTIN_SYMBOLS = {"hidden", "inv_hidden"}
 # What the project templates (binding, Python wrapper, CUDA helpers) declare beside the spec's names, found by
-# compiling probe specs; each family adds its kernels' own (Structure.declares). These would not compile, or would
-# shadow the spec's tensor.
-GENERATED_NAMES = {"op", "dtype", "convention", "inplace", "params", "args", "out_shape", "guard", "err",
-                   "check_device", "io_dtype", "shape_str", "check_capability", "pack", "to_float", "from_float",
-                   "ceil_div", "aligned", "round_to_io", "to_pair", "torch", "ops", "list", "self"}
+# compiling probe specs; each family adds its kernels' own (Structure.declares). These would not compile, or
+# would shadow the spec's tensor.
+GENERATED_NAMES = {
+    "op",
+    "dtype",
+    "convention",
+    "inplace",
+    "params",
+    "args",
+    "out_shape",
+    "guard",
+    "err",
+    "check_device",
+    "io_dtype",
+    "shape_str",
+    "check_capability",
+    "pack",
+    "to_float",
+    "from_float",
+    "ceil_div",
+    "aligned",
+    "round_to_io",
+    "to_pair",
+    "torch",
+    "ops",
+    "list",
+    "self",
+}
 # the suffixes of each tensor's own locals in generated code (x_rows, x_row_stride, x4)
-GENERATED_SUFFIXES = ("_row", "_rows", "_col", "_in", "_f", "_v", "_regs", "_shared", "_pair", "_heads", "3", "4",
-                      "_stride")
+GENERATED_SUFFIXES = (
+    "_row",
+    "_rows",
+    "_col",
+    "_in",
+    "_f",
+    "_v",
+    "_regs",
+    "_shared",
+    "_pair",
+    "_heads",
+    "3",
+    "4",
+    "_stride",
+)
 
 
 class to_io_dtype(sp.Function):
@@ -95,11 +155,12 @@ SympyExpr = Annotated[sp.Expr, PlainValidator(_sympy_expr)]
 
 
 class Tensor(_Model):
-    """A tensor argument or result. ``dims`` says how it lines up with the op's work: ``"*rows hidden"`` (any
-    number of leading dims, the op working along the last), ``"hidden"`` (one value per column, e.g. a weight),
-    ``"*rows 2*hidden"`` (a packed input: two halves along the last dim, named by ``halves``, e.g. GEGLU's hidden
-    and gate), or another layout its structure's family defines. ``broadcast`` lets a '*rows hidden' input
-    broadcast over the lead tensor's leading dims (e.g. a per-batch [B, 1, C] modulation beside a [B, S, C] x)."""
+    """A tensor argument or result. ``dims`` says how it lines up with the op's work: ``"*rows hidden"``
+    (any number of leading dims, the op working along the last), ``"hidden"`` (one value per column, e.g. a
+    weight), ``"*rows 2*hidden"`` (a packed input: two halves along the last dim, named by ``halves``, e.g.
+    GEGLU's hidden and gate), or another layout its structure's family defines. ``broadcast`` lets a '*rows
+    hidden' input broadcast over the lead tensor's leading dims (e.g. a per-batch [B, 1, C] modulation
+    beside a [B, S, C] x)."""
 
     name: Identifier
     dims: Annotated[str, Field(pattern=r"^[a-z0-9*]+( [a-z0-9*]+)*$")]
@@ -114,12 +175,16 @@ class Tensor(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> Tensor:
         if self.optional and self.absent_value is None:
-            raise ValueError(f"optional tensor {self.name!r} needs absent_value (its element value when None)")
+            raise ValueError(
+                f"optional tensor {self.name!r} needs absent_value (its element value when None)"
+            )
         if self.optional and self.role == "output":
             raise ValueError(f"output {self.name!r} cannot be optional")
         if (self.halves is not None) != self.packed:
-            raise ValueError(f"tensor {self.name!r} (dims {self.dims!r}): 'halves' names the two halves of a "
-                             "'*rows 2*hidden' input, and such an input needs them")
+            raise ValueError(
+                f"tensor {self.name!r} (dims {self.dims!r}): 'halves' names the two halves of a "
+                "'*rows 2*hidden' input, and such an input needs them"
+            )
         if self.packed and (self.role == "output" or self.optional):
             raise ValueError(f"packed tensor {self.name!r} must be a required input")
         if self.broadcast and (self.dims != "*rows hidden" or self.role == "output"):
@@ -161,8 +226,9 @@ class Param(_Model):
 
 
 class Convention(_Model):
-    """One numerics convention: the expression of every output, and whom it matches. ``prologue`` replaces the
-    structure's prologue expressions where a library rounds differently on the way in (structures with one)."""
+    """One numerics convention: the expression of every output, and whom it matches. ``prologue`` replaces
+    the structure's prologue expressions where a library rounds differently on the way in (structures with
+    one)."""
 
     name: Identifier
     matches: Text
@@ -171,18 +237,21 @@ class Convention(_Model):
 
 
 class Structure(_Model):
-    """The base of every structure kind: how the op's elements relate (a row reduction, elementwise, a pairwise
-    rotation, ...). A family module in kgen/families/ (or on $KGEN_FAMILIES_PATH) defines a subclass with its own
-    fields and rules, and plans and renders it. The first convention is the default."""
+    """The base of every structure kind: how the op's elements relate (a row reduction, elementwise, a
+    pairwise rotation, ...). A family module in kgen/families/ (or on $KGEN_FAMILIES_PATH) defines a
+    subclass with its own fields and rules, and plans and renders it. The first convention is the default."""
 
     kind: str
     conventions: list[Convention] = Field(min_length=1)
 
     dims: ClassVar[tuple[str, ...]] = ("*rows hidden", "hidden")  # the tensor layouts this kind takes
-    declares: ClassVar[frozenset[str]] = frozenset()  # identifiers its templates declare beside the spec's names
+    declares: ClassVar[frozenset[str]] = (
+        frozenset()
+    )  # identifiers its templates declare beside the spec's names
 
     def names(self) -> list[str]:
-        """Names the structure introduces beside the spec's tensors and params (a reduction's statistics, ...)."""
+        """Names the structure introduces beside the spec's tensors and params (a reduction's statistics,
+        ...)."""
         return []
 
     def check(self, spec: OpSpec) -> set[str]:
@@ -192,19 +261,27 @@ class Structure(_Model):
 
 
 class Layer(_Model):
-    """A `kernels` layer: a stateless nn.Module whose forward replaces ``replaces``. ``bind`` maps each op argument
-    to a forward argument, an attribute of the replaced module (``self.weight``) or a submodule applied to a forward
-    argument (``self.gate_proj(x)``); ``returns`` is a submodule the op's output goes through (``self.down_proj``);
-    ``condition`` (the replaced module -> bool) picks the instances whose forward the layer computes. A forward
-    argument no op argument is bound to has a value in ``defaults`` (as the replaced forward), and the layer computes
-    that value only: another raises. ``replaces`` may name a function kernels turns into a module (rotary)."""
+    """A `kernels` layer: a stateless nn.Module whose forward replaces ``replaces``. ``bind`` maps each op
+    argument to a forward argument, an attribute of the replaced module (``self.weight``) or a submodule
+    applied to a forward argument (``self.gate_proj(x)``); ``returns`` is a submodule the op's output goes
+    through (``self.down_proj``); ``condition`` (the replaced module -> bool) picks the instances whose
+    forward the layer computes. A forward argument no op argument is bound to has a value in ``defaults``
+    (as the replaced forward), and the layer computes that value only: another raises. ``replaces`` may
+    name a function kernels turns into a module (rotary)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]{0,39}$")]
     replaces: list[Annotated[str, Field(pattern=DOTTED_PATH)]] = Field(min_length=1)
     forward_args: list[Identifier] = Field(min_length=1)
-    bind: dict[str, Annotated[str, _check(re.compile(
-        r"(self\.)?[a-z_][a-z0-9_]*|self\.[a-z_][a-z0-9_]*\([a-z_][a-z0-9_]*\)").fullmatch,
-        "a forward argument, 'self.<attribute>' or 'self.<submodule>(<forward argument>)'")]]
+    bind: dict[
+        str,
+        Annotated[
+            str,
+            _check(
+                re.compile(r"(self\.)?[a-z_][a-z0-9_]*|self\.[a-z_][a-z0-9_]*\([a-z_][a-z0-9_]*\)").fullmatch,
+                "a forward argument, 'self.<attribute>' or 'self.<submodule>(<forward argument>)'",
+            ),
+        ],
+    ]
     returns: Annotated[str, Field(pattern=r"^self\.[a-z_][a-z0-9_]*$")] | None = None
     condition: Callable[[Any], bool] | None = None
     defaults: dict[Identifier, StrictBool | StrictInt] = {}
@@ -231,25 +308,35 @@ class OpSpec(_Model):
         structure = self.structure
         for i, t in enumerate(self.tensors):
             if t.dims not in structure.dims:
-                raise ValueError(f"tensors.{i}.dims: {structure.kind} ops take tensors of dims "
-                                 f"{' or '.join(map(repr, structure.dims))}, got {t.dims!r}")
+                raise ValueError(
+                    f"tensors.{i}.dims: {structure.kind} ops take tensors of dims "
+                    f"{' or '.join(map(repr, structure.dims))}, got {t.dims!r}"
+                )
         halves = [h for t in self.tensors if t.halves for h in t.halves]
         outputs = {t.name for t in self.outputs}
         names = [t.name for t in self.tensors] + [p.name for p in self.params] + halves
         names += [n for n in structure.names() if n not in outputs]  # a structure's value may be written out
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
-            raise ValueError("names must be unique across tensors, halves, params and the structure's values; "
-                             f"repeated: {sorted(dupes)}")
+            raise ValueError(
+                "names must be unique across tensors, halves, params and the structure's values; "
+                f"repeated: {sorted(dupes)}"
+            )
         clash = set(names) & (BUILTIN_SYMBOLS | GENERATED_NAMES | structure.declares)
-        clash |= {n for n in names for m in names if n != m and n.startswith(m) and n.endswith(GENERATED_SUFFIXES)}
+        clash |= {
+            n for n in names for m in names if n != m and n.startswith(m) and n.endswith(GENERATED_SUFFIXES)
+        }
         if clash:
-            raise ValueError(f"names {sorted(clash)} are reserved for kgen's own symbols (identifiers of the "
-                             "generated code, or another name plus a suffix the generated code appends)")
+            raise ValueError(
+                f"names {sorted(clash)} are reserved for kgen's own symbols (identifiers of the "
+                "generated code, or another name plus a suffix the generated code appends)"
+            )
         lead = next((t for t in self.inputs if t.per_row), None)
         if lead is None or lead.broadcast or lead.optional or lead.dtype != "io":
-            raise ValueError("an op's first '*rows ...' input leads (the op follows its dtype, device and leading "
-                             "dims): there must be one, required, in the I/O dtype and not broadcast")
+            raise ValueError(
+                "an op's first '*rows ...' input leads (the op follows its dtype, device and leading "
+                "dims): there must be one, required, in the I/O dtype and not broadcast"
+            )
         flags = [t.optional for t in self.inputs]
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
@@ -263,27 +350,43 @@ class OpSpec(_Model):
                 raise ValueError(f"structure.conventions.{i}.name: {conv.name!r} is repeated")
             seen.add(conv.name)
             if set(conv.outputs) != outputs:
-                raise ValueError(f"structure.conventions.{i}.outputs: expected one expression for each of "
-                                 f"{sorted(outputs)}, got {sorted(conv.outputs)}")
+                raise ValueError(
+                    f"structure.conventions.{i}.outputs: expected one expression for each of "
+                    f"{sorted(outputs)}, got {sorted(conv.outputs)}"
+                )
             for out, expr in conv.outputs.items():
                 check_symbols(expr, symbols, f"structure.conventions.{i}.outputs.{out}")
-        overwritable = {t.name for t in self.row_inputs if t.dims == "*rows hidden" and t.dtype == "io"
-                        and not (t.broadcast or t.optional)}
+        overwritable = {
+            t.name
+            for t in self.row_inputs
+            if t.dims == "*rows hidden" and t.dtype == "io" and not (t.broadcast or t.optional)
+        }
         if not set(self.inplace) <= outputs or not set(self.inplace.values()) <= overwritable:
-            raise ValueError(f"inplace: maps outputs {sorted(outputs)} to the inputs they overwrite, required "
-                             f"'*rows hidden' inputs of the same shape {sorted(overwritable)}; got {self.inplace}")
+            raise ValueError(
+                f"inplace: maps outputs {sorted(outputs)} to the inputs they overwrite, required "
+                f"'*rows hidden' inputs of the same shape {sorted(overwritable)}; got {self.inplace}"
+            )
         self._check_layers(seen)
         return self
 
     def _check_reference(self) -> None:
         copied = [self.reference, *reference_helpers(self.reference)]
-        foreign = set().union(*(_global_names(f.__code__) for f in copied)) - REFERENCE_GLOBALS - set(dir(builtins)) \
+        foreign = (
+            set().union(*(_global_names(f.__code__) for f in copied))
+            - REFERENCE_GLOBALS
+            - set(dir(builtins))
             - {f.__name__ for f in copied}
+        )
         if foreign:
-            raise ValueError(f"reference uses {sorted(foreign)} from its module; a generated project's test "
-                             f"copies the reference and the functions it calls, with {sorted(REFERENCE_GLOBALS)} "
-                             "imported")
-        if len(self.structure.conventions) > 1 and "convention" not in inspect.signature(self.reference).parameters:
+            raise ValueError(
+                f"reference uses {sorted(foreign)} from its module; a generated project's test "
+                f"copies the reference and the functions it calls, with {sorted(REFERENCE_GLOBALS)} "
+                "imported"
+            )
+        if (
+            len(self.structure.conventions) > 1
+            and "convention" not in inspect.signature(self.reference).parameters
+        ):
             raise ValueError("reference must take a `convention` argument (the op has several conventions)")
 
     def _check_layers(self, conventions: set[str]) -> None:
@@ -291,20 +394,31 @@ class OpSpec(_Model):
         op_args = required | {p.name for p in self.params}
         for i, layer in enumerate(self.layers):
             if layer.convention not in conventions:
-                raise ValueError(f"layers.{i}.convention: {layer.convention!r} is not one of {sorted(conventions)}")
+                raise ValueError(
+                    f"layers.{i}.convention: {layer.convention!r} is not one of {sorted(conventions)}"
+                )
             if not required <= set(layer.bind) or not set(layer.bind) <= op_args:
-                raise ValueError(f"layers.{i}.bind: expected keys {sorted(op_args)} (every input), "
-                                 f"got {sorted(layer.bind)}")
-            args = {re.sub(r"^self\.\w+\((\w+)\)$", r"\1", v) for v in layer.bind.values()
-                    if "self." not in v or "(" in v}
+                raise ValueError(
+                    f"layers.{i}.bind: expected keys {sorted(op_args)} (every input), "
+                    f"got {sorted(layer.bind)}"
+                )
+            args = {
+                re.sub(r"^self\.\w+\((\w+)\)$", r"\1", v)
+                for v in layer.bind.values()
+                if "self." not in v or "(" in v
+            }
             if not args <= set(layer.forward_args):
-                raise ValueError(f"layers.{i}.bind: {sorted(args - set(layer.forward_args))} are not forward "
-                                 f"arguments {layer.forward_args}")
-            tail = layer.forward_args[len(layer.forward_args) - len(layer.defaults):]
+                raise ValueError(
+                    f"layers.{i}.bind: {sorted(args - set(layer.forward_args))} are not forward "
+                    f"arguments {layer.forward_args}"
+                )
+            tail = layer.forward_args[len(layer.forward_args) - len(layer.defaults) :]
             if set(layer.forward_args) - args - set(layer.defaults) or set(layer.defaults) != set(tail):
-                raise ValueError(f"layers.{i}.defaults: every forward argument no op argument is bound to needs "
-                                 f"one, and they are the last arguments; got {layer.defaults} for "
-                                 f"{layer.forward_args}")
+                raise ValueError(
+                    f"layers.{i}.defaults: every forward argument no op argument is bound to needs "
+                    f"one, and they are the last arguments; got {layer.defaults} for "
+                    f"{layer.forward_args}"
+                )
 
     # -- views the other rooms read ------------------------------------------------------------
     @property
@@ -334,8 +448,8 @@ class OpSpec(_Model):
         return self.structure.conventions[0].name
 
     def variant(self, convention: str, inplace: bool = False) -> str:
-        """The name of the op registered for a convention: the op's own for the default, `<op>_<convention>` for
-        the others; `_` appended for the in-place form."""
+        """The name of the op registered for a convention: the op's own for the default,
+        `<op>_<convention>` for the others; `_` appended for the in-place form."""
         names = [c.name for c in self.structure.conventions]
         if convention not in names:
             raise ValueError(f"{self.name}: convention must be one of {names}, got {convention!r}")
@@ -371,10 +485,26 @@ def check_symbols(expr: sp.Expr, allowed: set[str], where: str, rounds: bool = T
     printable = SUPPORTED_FUNCTIONS - (set() if rounds else {"to_io_dtype"})
     funcs = {type(n).__name__ for n in sp.preorder_traversal(expr) if not isinstance(n, _NODES)} - printable
     if funcs:
-        raise ValueError(f"{where}: functions {sorted(funcs)} have no CUDA printing here; known: {sorted(printable)}")
+        raise ValueError(
+            f"{where}: functions {sorted(funcs)} have no CUDA printing here; known: {sorted(printable)}"
+        )
 
 
 REFERENCE_GLOBALS = {"torch", "F", "math"}  # torch.nn.functional as F
-_NODES = (sp.Symbol, sp.Number, sp.NumberSymbol, sp.Add, sp.Mul, sp.Pow, sp.UnevaluatedExpr, sp.Rel, sp.And, sp.Or,
-          sp.Not, sp.ITE, sp.logic.boolalg.BooleanAtom, sp.functions.elementary.piecewise.ExprCondPair)  # and these:
+_NODES = (
+    sp.Symbol,
+    sp.Number,
+    sp.NumberSymbol,
+    sp.Add,
+    sp.Mul,
+    sp.Pow,
+    sp.UnevaluatedExpr,
+    sp.Rel,
+    sp.And,
+    sp.Or,
+    sp.Not,
+    sp.ITE,
+    sp.logic.boolalg.BooleanAtom,
+    sp.functions.elementary.piecewise.ExprCondPair,
+)  # and these:
 SUPPORTED_FUNCTIONS = set("to_io_dtype exp log tanh erf sqrt Abs Max Min Piecewise floor re".split())

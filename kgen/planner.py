@@ -1,6 +1,7 @@
-"""The schedule: from an op spec, an arch profile and a dtype to the kernel configurations that get compiled and,
-for a given shape, the configuration the launcher picks. The spec's structure family makes every choice, reading
-only profile fields and tuning tables; each choice carries the fact or rule that set it."""
+"""The schedule: from an op spec, an arch profile and a dtype to the kernel configurations that get
+compiled and, for a given shape, the configuration the launcher picks. The spec's structure family makes
+every choice, reading only profile fields and tuning tables; each choice carries the fact or rule that set
+it."""
 
 from __future__ import annotations
 
@@ -15,18 +16,23 @@ def check_dtype(profile: ArchProfile, dtype: str) -> None:
     if dtype not in DTYPE_BYTES:
         raise PlanError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
     if dtype not in profile.dtypes:
-        raise PlanError(f"{profile.name} ({profile.devices[0].name}) has no {dtype} arithmetic "
-                        f"(profile: bf16 = {str(profile.bf16).lower()}); supported dtypes: {', '.join(profile.dtypes)}")
+        raise PlanError(
+            f"{profile.name} ({profile.devices[0].name}) has no {dtype} arithmetic "
+            f"(profile: bf16 = {str(profile.bf16).lower()}); supported dtypes: {', '.join(profile.dtypes)}"
+        )
 
 
-def plan_kernel(spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None = None) -> KernelPlan:
+def plan_kernel(
+    spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None = None
+) -> KernelPlan:
     """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better threads."""
     check_dtype(profile, dtype)
     return family_of(spec).plan(spec, profile, dtype, tuning)
 
 
-def plan_launch(spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int,
-                tuning: TuningTable | None = None) -> LaunchPlan:
+def plan_launch(
+    spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int, tuning: TuningTable | None = None
+) -> LaunchPlan:
     """The configuration the generated launcher picks for a contiguous, aligned [rows, hidden] tensor."""
     kernel = plan_kernel(spec, profile, dtype, tuning)
     if rows < 1 or hidden < 1:

@@ -43,7 +43,9 @@ class ArchProfile(BaseModel):
         if self.planner.block_threads > self.max_threads_per_block:
             raise ValueError("planner.block_threads is more than max_threads_per_block")
         if self.name != "sm_" + self.compute_capability.replace(".", ""):
-            raise ValueError(f"name {self.name!r} does not match compute_capability {self.compute_capability!r}")
+            raise ValueError(
+                f"name {self.name!r} does not match compute_capability {self.compute_capability!r}"
+            )
         return self
 
     @property
@@ -91,13 +93,21 @@ class TuningTable(BaseModel):
     choices: list[TunedChoice] = []
 
     def threads(self, op: str, dtype: str, max_row_bytes: int | None) -> tuple[int, str] | None:
-        c = next((c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None)
+        c = next(
+            (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
+        )
         return (c.threads, self.why(c)) if c else None
 
     def why(self, c: TunedChoice) -> str:
         others = "".join(f", {t}: {us:.1f} µs" for t, us in c.others.items())
-        verdict = (f"the rule's, confirmed by kgen tune on the {self.device} {self.date}" if c.threads == c.rule_threads
-                   else f"tuned on the {self.device} {self.date}, instead of the rule's {c.rule_threads}")
-        return (f"{c.threads}: {verdict} (arch/tuning/{self.arch}.toml): {c.tuned_us:.1f} µs"
-                + ("" if c.threads == c.rule_threads else f", the rule {c.rule_us:.1f} µs") + others
-                + f" at {', '.join(c.shapes)}")
+        verdict = (
+            f"the rule's, confirmed by kgen tune on the {self.device} {self.date}"
+            if c.threads == c.rule_threads
+            else f"tuned on the {self.device} {self.date}, instead of the rule's {c.rule_threads}"
+        )
+        return (
+            f"{c.threads}: {verdict} (arch/tuning/{self.arch}.toml): {c.tuned_us:.1f} µs"
+            + ("" if c.threads == c.rule_threads else f", the rule {c.rule_us:.1f} µs")
+            + others
+            + f" at {', '.join(c.shapes)}"
+        )

@@ -54,7 +54,8 @@ class Target:
 
 
 def resolve_target(op: str, arch: str, dtypes: list[str] | tuple[str, ...] | None = None) -> Target:
-    """Loads the op's spec, the arch's profile and tuning table; every dtype the arch runs unless ``dtypes``."""
+    """Loads the op's spec, the arch's profile and tuning table; every dtype the arch runs unless
+    ``dtypes``."""
     spec, profile = load_spec(op), load_profile(arch)
     for dtype in dtypes or []:
         check_dtype(profile, dtype)
@@ -62,10 +63,10 @@ def resolve_target(op: str, arch: str, dtypes: list[str] | tuple[str, ...] | Non
 
 
 def write_tree(files: dict[str, str | bytes], out_dir: Path, keep: tuple[str, ...] = ()) -> None:
-    """Writes ``files`` as the whole content of ``out_dir``, atomically: they go to a sibling temporary folder that
-    replaces ``out_dir`` only once complete, under a lock on the parent folder so concurrent writers of the same
-    output take turns. Entries named in ``keep`` (e.g. a previous build/) are carried over. Folders get the
-    permissions of a plain mkdir (the umask's)."""
+    """Writes ``files`` as the whole content of ``out_dir``, atomically: they go to a sibling temporary
+    folder that replaces ``out_dir`` only once complete, under a lock on the parent folder so concurrent
+    writers of the same output take turns. Entries named in ``keep`` (e.g. a previous build/) are carried
+    over. Folders get the permissions of a plain mkdir (the umask's)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.parent / f".{out_dir.name}.new.{uuid.uuid4().hex[:12]}"

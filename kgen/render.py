@@ -1,8 +1,9 @@
-"""Rendering: a loaded spec, its profile and its plans -> the files of a kernel-builder project (name -> text).
+"""Rendering: a loaded spec, its profile and its plans -> the files of a kernel-builder project (name ->
+text).
 
-The context is two typed parts: what every project shares (`ProjectContext`: names, signatures, the op schema,
-the reference, the example shapes) and what the spec's family computed (its `FamilyContext`). Templates only place
-what these hold; they decide and compute nothing."""
+The context is two typed parts: what every project shares (`ProjectContext`: names, signatures, the op
+schema, the reference, the example shapes) and what the spec's family computed (its `FamilyContext`).
+Templates only place what these hold; they decide and compute nothing."""
 
 from __future__ import annotations
 
@@ -87,9 +88,13 @@ class ProjectContext:
 
 def _environment() -> jinja2.Environment:
     roots = [data_dir("codegen_templates")] + [Path(f.template_root) for f in families() if f.template_root]
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader([str(r) for r in dict.fromkeys(roots)]),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=False, lstrip_blocks=False)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(r) for r in dict.fromkeys(roots)]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
     env.filters["format_code"] = lambda s: f"`{s}`"
     env.filters["nix_string"] = lambda s: s.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
     env.filters["ctype"] = CTYPES.__getitem__
@@ -100,76 +105,140 @@ def _environment() -> jinja2.Environment:
 
 def _returns(n: int) -> tuple[str, str, str]:
     """How n returned tensors are typed in C++, in the op schema and in Python."""
-    return ({0: "void", 1: "torch::Tensor"}.get(n, f"std::tuple<{', '.join(['torch::Tensor'] * n)}>"),
-            {0: "()", 1: "Tensor"}.get(n, f"({', '.join(['Tensor'] * n)})"),
-            {0: "None", 1: "torch.Tensor"}.get(n, f"tuple[{', '.join(['torch.Tensor'] * n)}]"))
+    return (
+        {0: "void", 1: "torch::Tensor"}.get(n, f"std::tuple<{', '.join(['torch::Tensor'] * n)}>"),
+        {0: "()", 1: "Tensor"}.get(n, f"({', '.join(['Tensor'] * n)})"),
+        {0: "None", 1: "torch.Tensor"}.get(n, f"tuple[{', '.join(['torch.Tensor'] * n)}]"),
+    )
 
 
 def _tuple(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"({', '.join(items)})"
 
 
-def project_context(spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan], spec_hash: str,
-                    fake_outputs: list[str]) -> ProjectContext:
+def project_context(
+    spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan], spec_hash: str, fake_outputs: list[str]
+) -> ProjectContext:
     family, op = family_of(spec), spec.name
     mutated = {name: chr(ord("a") + i) for i, name in enumerate(spec.inplace.values())}  # alias letters
 
     def cpp_params(inplace: bool) -> str:
-        return ", ".join([f"const std::optional<torch::Tensor>& {t.name}" if t.optional else
-                          f"torch::Tensor& {t.name}" if inplace and t.name in mutated else
-                          f"const torch::Tensor& {t.name}" for t in spec.inputs]
-                         + [f"{'int64_t' if p.integer else 'double'} {p.name}" for p in spec.params])
+        return ", ".join(
+            [
+                f"const std::optional<torch::Tensor>& {t.name}"
+                if t.optional
+                else f"torch::Tensor& {t.name}"
+                if inplace and t.name in mutated
+                else f"const torch::Tensor& {t.name}"
+                for t in spec.inputs
+            ]
+            + [f"{'int64_t' if p.integer else 'double'} {p.name}" for p in spec.params]
+        )
 
     def schema(inplace: bool) -> str:
-        return ", ".join([f"Tensor({mutated[t.name]}!) {t.name}" if inplace and t.name in mutated else
-                          f"Tensor{'?' if t.optional else ''} {t.name}" for t in spec.inputs]
-                         + [f"{'int' if p.integer else 'float'} {p.name}" for p in spec.params])
+        return ", ".join(
+            [
+                f"Tensor({mutated[t.name]}!) {t.name}"
+                if inplace and t.name in mutated
+                else f"Tensor{'?' if t.optional else ''} {t.name}"
+                for t in spec.inputs
+            ]
+            + [f"{'int' if p.integer else 'float'} {p.name}" for p in spec.params]
+        )
 
     def example(case: Case) -> ExampleCase:
         ints = {p.name for p in spec.params if p.integer}
-        return ExampleCase({t.name: family.tensor_shape(spec, t, case) for t in spec.inputs},
-                           {k: int(v) if k in ints else v for k, v in case.params})
+        return ExampleCase(
+            {t.name: family.tensor_shape(spec, t, case) for t in spec.inputs},
+            {k: int(v) if k in ints else v for k, v in case.params},
+        )
 
     kept = [t for t in spec.outputs if t.name not in spec.inplace]  # what the in-place form returns
     cpp_return, schema_return, py_return = _returns(len(spec.outputs))
     inplace_returns = _returns(len(kept))
     plan_title, *plan_lines = family.describe(plans)
-    banner = (f"Generated by kgen {__version__} from ops/{op}.py (spec {spec_hash}) for {profile.name}. "
-              f"Do not edit: regenerate with `kgen build {op} --arch {profile.name}`.")
-    header = [f"{op}: {spec.summary}", banner, "",
-              f"arch: {profile.name} ({', '.join(d.name for d in profile.devices)}), {profile.sm_count} SMs, "
-              f"{profile.max_shared_memory_per_block // 1024} KB shared memory per block",
-              f"dtypes: {', '.join(kp.dtype for kp in plans)}", f"plan ({plan_title}):"]
+    banner = (
+        f"Generated by kgen {__version__} from ops/{op}.py (spec {spec_hash}) for {profile.name}. "
+        f"Do not edit: regenerate with `kgen build {op} --arch {profile.name}`."
+    )
+    header = [
+        f"{op}: {spec.summary}",
+        banner,
+        "",
+        f"arch: {profile.name} ({', '.join(d.name for d in profile.devices)}), {profile.sm_count} SMs, "
+        f"{profile.max_shared_memory_per_block // 1024} KB shared memory per block",
+        f"dtypes: {', '.join(kp.dtype for kp in plans)}",
+        f"plan ({plan_title}):",
+    ]
     header += ["  " + line for line in plan_lines]
     return ProjectContext(
-        op=op, op_camel="".join(w.title() for w in op.split("_")), spec=spec, profile=profile, spec_hash=spec_hash,
+        op=op,
+        op_camel="".join(w.title() for w in op.split("_")),
+        spec=spec,
+        profile=profile,
+        spec_hash=spec_hash,
         banner=banner,
-        kernel_name=kernel_name(op, profile.name), python_name=python_name(op, profile.name), lead=spec.lead,
-        tensors=spec.tensors, inputs=spec.inputs, outputs=spec.outputs, row_inputs=spec.row_inputs,
-        column_inputs=spec.column_inputs, broadcast_inputs=[t for t in spec.inputs if t.broadcast],
-        params=spec.params, plans=plans, plan_title=plan_title, plan_lines=plan_lines,
+        kernel_name=kernel_name(op, profile.name),
+        python_name=python_name(op, profile.name),
+        lead=spec.lead,
+        tensors=spec.tensors,
+        inputs=spec.inputs,
+        outputs=spec.outputs,
+        row_inputs=spec.row_inputs,
+        column_inputs=spec.column_inputs,
+        broadcast_inputs=[t for t in spec.inputs if t.broadcast],
+        params=spec.params,
+        plans=plans,
+        plan_title=plan_title,
+        plan_lines=plan_lines,
         header="\n".join(("// " + line).rstrip() for line in header),
-        short_header="\n".join(f"// {line}" for line in [f"{op}: {spec.summary}", banner,
-                                                          f"The plan and the rule behind each choice: {op}.cu."]),
-        py_signature=", ".join([f"{t.name}: Optional[torch.Tensor] = None" if t.optional else
-                                f"{t.name}: torch.Tensor" for t in spec.inputs]
-                               + [f"{p.name}: int = {int(p.default)}" if p.integer else
-                                  f"{p.name}: float = {p.default!r}" for p in spec.params]),
+        short_header="\n".join(
+            f"// {line}"
+            for line in [
+                f"{op}: {spec.summary}",
+                banner,
+                f"The plan and the rule behind each choice: {op}.cu.",
+            ]
+        ),
+        py_signature=", ".join(
+            [
+                f"{t.name}: Optional[torch.Tensor] = None" if t.optional else f"{t.name}: torch.Tensor"
+                for t in spec.inputs
+            ]
+            + [
+                f"{p.name}: int = {int(p.default)}" if p.integer else f"{p.name}: float = {p.default!r}"
+                for p in spec.params
+            ]
+        ),
         py_call=", ".join([t.name for t in spec.inputs] + [p.name for p in spec.params]),
         tensor_call=", ".join(t.name for t in spec.inputs),
-        cpp_signature=cpp_params(False), schema_args=schema(False),
-        cpp_return=cpp_return, schema_return=schema_return, py_return=py_return,
-        cpp_result=spec.outputs[0].name if len(spec.outputs) == 1 else
-        f"std::make_tuple({', '.join(t.name for t in spec.outputs)})",
+        cpp_signature=cpp_params(False),
+        schema_args=schema(False),
+        cpp_return=cpp_return,
+        schema_return=schema_return,
+        py_return=py_return,
+        cpp_result=spec.outputs[0].name
+        if len(spec.outputs) == 1
+        else f"std::make_tuple({', '.join(t.name for t in spec.outputs)})",
         fake_result=_tuple(fake_outputs),
-        inplace=spec.inplace, inplace_schema_args=schema(True), inplace_cpp_signature=cpp_params(True),
-        inplace_cpp_return=inplace_returns[0], inplace_schema_return=inplace_returns[1],
+        inplace=spec.inplace,
+        inplace_schema_args=schema(True),
+        inplace_cpp_signature=cpp_params(True),
+        inplace_cpp_return=inplace_returns[0],
+        inplace_schema_return=inplace_returns[1],
         inplace_py_return=inplace_returns[2],
-        inplace_cpp_result="" if not kept else f"std::get<{spec.outputs.index(kept[0])}>(result)" if len(kept) == 1
+        inplace_cpp_result=""
+        if not kept
+        else f"std::get<{spec.outputs.index(kept[0])}>(result)"
+        if len(kept) == 1
         else "std::make_tuple(" + ", ".join(f"std::get<{spec.outputs.index(t)}>(result)" for t in kept) + ")",
-        inplace_fake_result="None" if not kept else ", ".join(fake_outputs[spec.outputs.index(t)] for t in kept),
-        reference_source="\n\n".join(textwrap.dedent(inspect.getsource(fn))
-                                     for fn in [*reference_helpers(spec.reference), spec.reference]),
+        inplace_fake_result="None"
+        if not kept
+        else ", ".join(fake_outputs[spec.outputs.index(t)] for t in kept),
+        reference_source="\n\n".join(
+            textwrap.dedent(inspect.getsource(fn))
+            for fn in [*reference_helpers(spec.reference), spec.reference]
+        ),
         reference_name=spec.reference.__name__,
         reference_takes_convention="convention" in inspect.signature(spec.reference).parameters,
         test_cases=[example(c) for c in family.example_cases(spec)],
@@ -181,7 +250,9 @@ def _fields(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def render_project(spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan], spec_hash: str) -> dict[str, str]:
+def render_project(
+    spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan], spec_hash: str
+) -> dict[str, str]:
     """Every file of the kernel-builder project, by path relative to the project root."""
     family = family_of(spec)
     extra = family.context(spec, profile, plans)
@@ -219,6 +290,7 @@ def render_local_files(ops_name: str) -> dict[str, str]:
     """What kernel-builder generates at build time: the registration header and _ops.py."""
     env = _environment()
     ctx = {"ops_name": ops_name, "banner": f"Generated by kgen {__version__} for the local build."}
-    return {"registration.h": env.get_template("local/registration.h.j2").render(ctx),
-            "_ops.py": env.get_template("local/_ops.py.j2").render(ctx)}
-
+    return {
+        "registration.h": env.get_template("local/registration.h.j2").render(ctx),
+        "_ops.py": env.get_template("local/_ops.py.j2").render(ctx),
+    }

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import statistics
-import tomllib
 from pathlib import Path
 
+import tomllib
 from rich.console import Console
 
 from .bench import Timer, example_inputs
@@ -35,17 +35,28 @@ def candidates(op: str, arch: str, dtype: str) -> dict[str, list[TunedChoice]]:
     family, rule = family_of(spec), plan_kernel(spec, profile, dtype)
     out: dict[str, list[TunedChoice]] = {"rule": []}
     for factor in FACTORS:
-        choices = [TunedChoice(op=op, dtype=dtype, max_row_bytes=b.max_row_bytes, threads=int(b.threads_per_row * factor),
-                               rule_threads=b.threads_per_row, shapes=[], rule_us=1, tuned_us=1)
-                   for b in family.tunable(rule)
-                   if family.threads_allowed(spec, profile, rule, b, int(b.threads_per_row * factor))]
+        choices = [
+            TunedChoice(
+                op=op,
+                dtype=dtype,
+                max_row_bytes=b.max_row_bytes,
+                threads=int(b.threads_per_row * factor),
+                rule_threads=b.threads_per_row,
+                shapes=[],
+                rule_us=1,
+                tuned_us=1,
+            )
+            for b in family.tunable(rule)
+            if family.threads_allowed(spec, profile, rule, b, int(b.threads_per_row * factor))
+        ]
         if choices:
             out[f"x{factor:g}"] = choices
     return out
 
 
-def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, repeats: int = 100,
-         rounds: int = 3) -> TuningTable:
+def tune(
+    op: str, arch: str, dtype: str, *, build_root: Path, console: Console, repeats: int = 100, rounds: int = 3
+) -> TuningTable:
     import torch
 
     from .builder import build_project, device_arch, write_project
@@ -53,17 +64,31 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
     from .render import SMOKE_TOLERANCE
 
     if not torch.cuda.is_available() or device_arch() != arch:
-        raise UsageError(f"kgen tune {op} --arch {arch} needs a GPU that runs {arch} kernels as its newest arch")
+        raise UsageError(
+            f"kgen tune {op} --arch {arch} needs a GPU that runs {arch} kernels as its newest arch"
+        )
     spec, profile = load_spec(op), load_profile(arch)
     base = resolve_target(op, arch, (dtype,))
-    table = TuningTable(arch=arch, device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                        torch=torch.__version__)
+    table = TuningTable(
+        arch=arch,
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+    )
     kernels, options = {}, candidates(op, arch, dtype)
     for name, choices in options.items():
         target = dataclasses.replace(base, tuning=table.model_copy(update={"choices": choices}))
         project = write_project(target, build_root / name)
-        console.print(f"building candidate {name}: " + (", ".join(
-            f"{c.threads} threads (rule {c.rule_threads}) up to {c.max_row_bytes or 'any'} B" for c in choices) or "the rules"))
+        console.print(
+            f"building candidate {name}: "
+            + (
+                ", ".join(
+                    f"{c.threads} threads (rule {c.rule_threads}) up to {c.max_row_bytes or 'any'} B"
+                    for c in choices
+                )
+                or "the rules"
+            )
+        )
         out = build_project(project, target)
         (lib,) = out.glob("*.abi3.so")
         torch.ops.load_library(str(lib))
@@ -78,10 +103,16 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
             got = kernel(*inputs, *params)
             for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want))):
                 if not torch.allclose(g.double(), w, rtol=tol, atol=tol):
-                    raise UsageError(f"candidate {name} of {op} disagrees with the reference at {case.label}: "
-                                    f"max |diff| {(g.double() - w).abs().max().item():.3g}")
-        times = {n: statistics.median(t) for n, t in
-                 timer.rounds_us({n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds).items()}
+                    raise UsageError(
+                        f"candidate {name} of {op} disagrees with the reference at {case.label}: "
+                        f"max |diff| {(g.double() - w).abs().max().item():.3g}"
+                    )
+        times = {
+            n: statistics.median(t)
+            for n, t in timer.rounds_us(
+                {n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds
+            ).items()
+        }
         launch = plan_launch(spec, profile, dtype, case.rows, case.shape[-1])
         if not launch.bucket.vectorized:
             continue  # scalar configurations are not tuned
@@ -94,15 +125,31 @@ def tune(op: str, arch: str, dtype: str, *, build_root: Path, console: Console, 
     rule = plan_kernel(spec, profile, dtype)
     found = []
     for bucket, entry in by_bucket.items():
-        rule_threads = next(b.threads_per_row for b in rule.buckets if b.vectorized and b.max_row_bytes == bucket)
+        rule_threads = next(
+            b.threads_per_row for b in rule.buckets if b.vectorized and b.max_row_bytes == bucket
+        )
         measured = {rule_threads: entry["us"]["rule"]} | {
-            c.threads: entry["us"][name] for name, choices in options.items() for c in choices if c.max_row_bytes == bucket}
+            c.threads: entry["us"][name]
+            for name, choices in options.items()
+            for c in choices
+            if c.max_row_bytes == bucket
+        }
         best = min(measured, key=measured.get)
         if measured[best] >= (1 - MARGIN) * measured[rule_threads]:
             best = rule_threads  # within noise of the rule: the rule stays
-        found.append(TunedChoice(op=op, dtype=dtype, max_row_bytes=bucket, threads=best, rule_threads=rule_threads,
-                                 shapes=entry["shapes"], rule_us=measured[rule_threads], tuned_us=measured[best],
-                                 others={str(t): round(us, 2) for t, us in measured.items() if t not in (best, rule_threads)}))
+        found.append(
+            TunedChoice(
+                op=op,
+                dtype=dtype,
+                max_row_bytes=bucket,
+                threads=best,
+                rule_threads=rule_threads,
+                shapes=entry["shapes"],
+                rule_us=measured[rule_threads],
+                tuned_us=measured[best],
+                others={str(t): round(us, 2) for t, us in measured.items() if t not in (best, rule_threads)},
+            )
+        )
     return table.model_copy(update={"choices": found})
 
 
@@ -111,20 +158,31 @@ def merge_and_write(found: TuningTable, op: str, dtype: str) -> Path:
     path = data_dir("arch") / "tuning" / f"{found.arch}.toml"
     old = load_tuning(found.arch)
     kept = [c for c in (old.choices if old else []) if (c.op, c.dtype) != (op, dtype)]
-    table = found.model_copy(update={"choices": sorted(kept + found.choices, key=lambda c: (
-        c.op, c.dtype, c.max_row_bytes or 0))})
-    lines = ["# Written by `kgen tune` (kgen/tune.py): per op, dtype and rows up to max_row_bytes, the threads per",
-             "# row (per block for elementwise and rotary ops) measured fastest on the GPU named; threads equal",
-             "# to rule_threads means the planner's rule was confirmed. rule_us, tuned_us and others (by thread",
-             "# count) are medians summed over the shapes. Re-run `kgen tune OP --arch ARCH` to refresh.",
-             f'arch = "{table.arch}"', f'device = "{table.device}"', f'date = "{table.date}"', f'torch = "{table.torch}"']
+    table = found.model_copy(
+        update={"choices": sorted(kept + found.choices, key=lambda c: (c.op, c.dtype, c.max_row_bytes or 0))}
+    )
+    lines = [
+        "# Written by `kgen tune` (kgen/tune.py): per op, dtype and rows up to max_row_bytes, the threads "
+        "per",
+        "# row (per block for elementwise and rotary ops) measured fastest on the GPU named; threads equal",
+        "# to rule_threads means the planner's rule was confirmed. rule_us, tuned_us and others (by thread",
+        "# count) are medians summed over the shapes. Re-run `kgen tune OP --arch ARCH` to refresh.",
+        f'arch = "{table.arch}"',
+        f'device = "{table.device}"',
+        f'date = "{table.date}"',
+        f'torch = "{table.torch}"',
+    ]
     for c in table.choices:
         lines += ["", "[[choices]]", f'op = "{c.op}"', f'dtype = "{c.dtype}"']
         lines += [f"max_row_bytes = {c.max_row_bytes}"] if c.max_row_bytes is not None else []
-        lines += [f"threads = {c.threads}", f"rule_threads = {c.rule_threads}",
-                  "shapes = [" + ", ".join(f'"{s}"' for s in c.shapes) + "]",
-                  f"rule_us = {c.rule_us:.2f}", f"tuned_us = {c.tuned_us:.2f}",
-                  "others = {" + ", ".join(f'"{t}" = {us}' for t, us in c.others.items()) + "}"]
+        lines += [
+            f"threads = {c.threads}",
+            f"rule_threads = {c.rule_threads}",
+            "shapes = [" + ", ".join(f'"{s}"' for s in c.shapes) + "]",
+            f"rule_us = {c.rule_us:.2f}",
+            f"tuned_us = {c.tuned_us:.2f}",
+            "others = {" + ", ".join(f'"{t}" = {us}' for t, us in c.others.items()) + "}",
+        ]
     text = "\n".join(lines) + "\n"
     TuningTable.model_validate(tomllib.loads(text))  # what the planner will read back
     path.parent.mkdir(parents=True, exist_ok=True)

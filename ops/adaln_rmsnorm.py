@@ -14,8 +14,14 @@ from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 x, scale, shift, weight, eps, rstd = sp.symbols("x scale shift weight eps rstd")
 
 
-def adaln_rmsnorm_ref(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None = None,
-                      eps: float = 1e-6, convention: str = "single_rounding") -> torch.Tensor:
+def adaln_rmsnorm_ref(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    convention: str = "single_rounding",
+) -> torch.Tensor:
     """float64 reference."""
     x64 = x.double()
     normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
@@ -32,8 +38,13 @@ def adaln_rmsnorm_ref(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
     return io(normed * io(1 + scale.double())) + shift.double()
 
 
-def diffusers_rmsnorm_modulation(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                                 weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+def diffusers_rmsnorm_modulation(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """LTXVideoTransformerBlock: norm1 (diffusers RMSNorm), then `* (1 + scale) + shift`."""
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     normed = x * torch.rsqrt(variance + eps)
@@ -55,12 +66,19 @@ spec = OpSpec(
     structure=RowReduce(
         reductions=[Reduction(stat="rstd", summand=x**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))],
         conventions=[
-            Convention(name="single_rounding", outputs={"out": x * rstd * weight * (1 + scale) + shift},
-                       matches="the math in fp32, rounded once"),
-            Convention(name="diffusers",
-                       outputs={"out": to_io_dtype(to_io_dtype(to_io_dtype(x * rstd) * weight)
-                                                   * to_io_dtype(1 + scale)) + shift},
-                       matches="diffusers RMSNorm then `* (1 + scale) + shift` in the dtype (LTX-Video blocks)"),
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * rstd * weight * (1 + scale) + shift},
+                matches="the math in fp32, rounded once",
+            ),
+            Convention(
+                name="diffusers",
+                outputs={
+                    "out": to_io_dtype(to_io_dtype(to_io_dtype(x * rstd) * weight) * to_io_dtype(1 + scale))
+                    + shift
+                },
+                matches="diffusers RMSNorm then `* (1 + scale) + shift` in the dtype (LTX-Video blocks)",
+            ),
         ],
     ),
     reference=adaln_rmsnorm_ref,

@@ -14,8 +14,13 @@ from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 x, residual, weight, eps, rstd, residual_out = sp.symbols("x residual weight eps rstd residual_out")
 
 
-def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                          eps: float = 1e-6, convention: str = "single_rounding"):
+def fused_add_rmsnorm_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    convention: str = "single_rounding",
+):
     """float64 reference: (out, residual_out), residual_out rounded to x's dtype first."""
     summed = (x.double() + residual.double()).to(x.dtype).double()
     normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)
@@ -34,7 +39,9 @@ def add_then_llama_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return (normed if weight is None else weight * normed), hidden
 
 
-def liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float):
+def liger_fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+):
     """Liger-Kernel's Triton fused add + RMSNorm (what LigerFusedAddRMSNorm runs), "llama" casting."""
     from liger_kernel.ops import LigerFusedAddRMSNormFunction  # lazily: liger-kernel is optional
 
@@ -51,26 +58,35 @@ spec = OpSpec(
     tensors=[
         Tensor(name="x", dims="*rows hidden", doc="the block's output"),
         Tensor(name="residual", dims="*rows hidden", doc="the residual stream, same shape and dtype as x"),
-        Tensor(name="weight", dims="hidden", optional=True, absent_value=1.0, doc="per-channel scale, or None"),
+        Tensor(
+            name="weight", dims="hidden", optional=True, absent_value=1.0, doc="per-channel scale, or None"
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
         Tensor(name="residual_out", dims="*rows hidden", role="output"),
     ],
     params=[Param(name="eps", default=1e-6, positive=True, doc="added to mean(r²)")],
     structure=RowReduce(
         prologue={"residual_out": to_io_dtype(x + residual)},
-        reductions=[Reduction(stat="rstd", summand=residual_out**2,
-                              finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))],
+        reductions=[
+            Reduction(stat="rstd", summand=residual_out**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))
+        ],
         conventions=[
-            Convention(name="single_rounding", outputs={"out": residual_out * rstd * weight,
-                                                        "residual_out": residual_out},
-                       matches="x + residual, then torch.nn.RMSNorm / F.rms_norm"),
-            Convention(name="transformers", outputs={"out": weight * to_io_dtype(residual_out * rstd),
-                                                     "residual_out": residual_out},
-                       matches="a transformers decoder layer: residual + x, then LlamaRMSNorm / Qwen3RMSNorm"),
+            Convention(
+                name="single_rounding",
+                outputs={"out": residual_out * rstd * weight, "residual_out": residual_out},
+                matches="x + residual, then torch.nn.RMSNorm / F.rms_norm",
+            ),
+            Convention(
+                name="transformers",
+                outputs={"out": weight * to_io_dtype(residual_out * rstd), "residual_out": residual_out},
+                matches="a transformers decoder layer: residual + x, then LlamaRMSNorm / Qwen3RMSNorm",
+            ),
         ],
     ),
     reference=fused_add_rmsnorm_ref,
-    peers={"eager (add + transformers RMSNorm)": add_then_llama_rmsnorm,
-           "Liger (LigerFusedAddRMSNormFunction)": liger_fused_add_rms_norm},
+    peers={
+        "eager (add + transformers RMSNorm)": add_then_llama_rmsnorm,
+        "Liger (LigerFusedAddRMSNormFunction)": liger_fused_add_rms_norm,
+    },
     inplace={"residual_out": "residual"},
 )

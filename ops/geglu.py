@@ -48,20 +48,40 @@ spec = OpSpec(
     name="geglu",
     summary="GEGLU: hidden · gelu(gate) from one packed [..., 2F] input",
     tensors=[
-        Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate"),
-               doc="[..., 2F]: hidden (first half) then gate (second half)"),
+        Tensor(
+            name="x",
+            dims="*rows 2*hidden",
+            halves=("h", "gate"),
+            doc="[..., 2F]: hidden (first half) then gate (second half)",
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=Elementwise(conventions=[
-        Convention(name="erf", outputs={"out": h * gelu_erf},
-                   matches="exact (erf) GELU, computed in fp32 and rounded once"),
-        Convention(name="tanh", outputs={"out": h * gelu_tanh},
-                   matches="tanh-approximated GELU, computed in fp32 and rounded once"),
-        Convention(name="erf_diffusers", outputs={"out": h * to_io_dtype(gelu_erf)},
-                   matches="diffusers GEGLU(approximate='none'): gelu(gate) rounded to the dtype, then the product"),
-        Convention(name="tanh_diffusers", outputs={"out": h * to_io_dtype(gelu_tanh)},
-                   matches="diffusers GEGLU(approximate='tanh'): gelu(gate) rounded to the dtype, then the product"),
-    ]),
+    structure=Elementwise(
+        conventions=[
+            Convention(
+                name="erf",
+                outputs={"out": h * gelu_erf},
+                matches="exact (erf) GELU, computed in fp32 and rounded once",
+            ),
+            Convention(
+                name="tanh",
+                outputs={"out": h * gelu_tanh},
+                matches="tanh-approximated GELU, computed in fp32 and rounded once",
+            ),
+            Convention(
+                name="erf_diffusers",
+                outputs={"out": h * to_io_dtype(gelu_erf)},
+                matches="diffusers GEGLU(approximate='none'): gelu(gate) rounded to the dtype, then the "
+                "product",
+            ),
+            Convention(
+                name="tanh_diffusers",
+                outputs={"out": h * to_io_dtype(gelu_tanh)},
+                matches="diffusers GEGLU(approximate='tanh'): gelu(gate) rounded to the dtype, then the "
+                "product",
+            ),
+        ]
+    ),
     reference=geglu_ref,
     peers={"eager (diffusers GEGLU)": diffusers_geglu},
 )

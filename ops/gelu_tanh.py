@@ -38,11 +38,18 @@ spec = OpSpec(
         Tensor(name="x", dims="*rows hidden"),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=Elementwise(conventions=[
-        Convention(name="single_rounding",
-                   outputs={"out": x * (1 + sp.tanh(SQRT_2_OVER_PI * (x + sp.Float(0.044715) * x**3))) / 2},
-                   matches="F.gelu(x, approximate='tanh') and diffusers GELU(approximate='tanh')"),
-    ]),
+    structure=Elementwise(
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * (1 + sp.tanh(SQRT_2_OVER_PI * (x + sp.Float(0.044715) * x**3))) / 2},
+                matches="F.gelu(x, approximate='tanh') and diffusers GELU(approximate='tanh')",
+            ),
+        ]
+    ),
     reference=gelu_tanh_ref,
-    peers={"eager (written-out formula)": written_out_gelu_tanh, "F.gelu(approximate='tanh')": diffusers_gelu_tanh},
+    peers={
+        "eager (written-out formula)": written_out_gelu_tanh,
+        "F.gelu(approximate='tanh')": diffusers_gelu_tanh,
+    },
 )

@@ -15,13 +15,21 @@ from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 
 RESIDUAL_RMS = load_spec("residual_adaln_rmsnorm")  # the same tensors and eps, less the weight
 x, h, scale, shift, gate, eps, mean, rstd, residual_out = sp.symbols(
-    "x h scale shift gate eps mean rstd residual_out")
+    "x h scale shift gate eps mean rstd residual_out"
+)
 
 
-def residual_adaln_layernorm_ref(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                                 gate: torch.Tensor | None = None, eps: float = 1e-6,
-                                 convention: str = "single_rounding"):
+def residual_adaln_layernorm_ref(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    gate: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    convention: str = "single_rounding",
+):
     """float64 reference: (out, residual_out), residual_out rounded to x's dtype first."""
+
     def io(t):
         return t.to(x.dtype).double()
 
@@ -37,8 +45,14 @@ def residual_adaln_layernorm_ref(x: torch.Tensor, h: torch.Tensor, scale: torch.
     return io(io(normed) * io(1 + scale.double())) + shift.double(), r
 
 
-def dit_residual_modulation(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                            gate: torch.Tensor | None = None, eps: float = 1e-6):
+def dit_residual_modulation(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    gate: torch.Tensor | None = None,
+    eps: float = 1e-6,
+):
     """A DiT block: hidden + gate * sublayer_out, then the next LayerNorm and modulation."""
     r = x + (h if gate is None else h * gate)
     return F.layer_norm(r, r.shape[-1:], eps=eps) * (1 + scale) + shift, r
@@ -46,25 +60,39 @@ def dit_residual_modulation(x: torch.Tensor, h: torch.Tensor, scale: torch.Tenso
 
 spec = OpSpec(
     name="residual_adaln_layernorm",
-    summary="gated residual add, then LayerNorm (no affine) with (1 + scale) and shift modulation, returning both",
+    summary="gated residual add, then LayerNorm (no affine) with (1 + scale) and shift modulation, returning "
+    "both",
     tensors=[t for t in RESIDUAL_RMS.tensors if t.name != "weight"],
     params=RESIDUAL_RMS.params,
     structure=RowReduce(
         prologue={"residual_out": to_io_dtype(x + h * gate)},
-        reductions=[Reduction(stat="mean", summand=residual_out, finalize=row_sum * inv_hidden),
-                    Reduction(stat="rstd", summand=(residual_out - mean)**2,
-                              finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))],
+        reductions=[
+            Reduction(stat="mean", summand=residual_out, finalize=row_sum * inv_hidden),
+            Reduction(
+                stat="rstd",
+                summand=(residual_out - mean) ** 2,
+                finalize=1 / sp.sqrt(row_sum * inv_hidden + eps),
+            ),
+        ],
         conventions=[
-            Convention(name="single_rounding",
-                       outputs={"out": (residual_out - mean) * rstd * (1 + scale) + shift,
-                                "residual_out": residual_out},
-                       matches="r = x + h·gate rounded once (as stored), the rest in fp32, rounded once"),
-            Convention(name="diffusers",
-                       prologue={"residual_out": to_io_dtype(x + to_io_dtype(h * gate))},
-                       outputs={"out": to_io_dtype(to_io_dtype((residual_out - mean) * rstd) * to_io_dtype(1 + scale))
-                                + shift,
-                                "residual_out": residual_out},
-                       matches="diffusers / Flux blocks: each step in the dtype"),
+            Convention(
+                name="single_rounding",
+                outputs={
+                    "out": (residual_out - mean) * rstd * (1 + scale) + shift,
+                    "residual_out": residual_out,
+                },
+                matches="r = x + h·gate rounded once (as stored), the rest in fp32, rounded once",
+            ),
+            Convention(
+                name="diffusers",
+                prologue={"residual_out": to_io_dtype(x + to_io_dtype(h * gate))},
+                outputs={
+                    "out": to_io_dtype(to_io_dtype((residual_out - mean) * rstd) * to_io_dtype(1 + scale))
+                    + shift,
+                    "residual_out": residual_out,
+                },
+                matches="diffusers / Flux blocks: each step in the dtype",
+            ),
         ],
     ),
     reference=residual_adaln_layernorm_ref,

@@ -12,8 +12,12 @@ from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 x, weight, eps, rstd = sp.symbols("x weight eps rstd")
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-                convention: str = "single_rounding") -> torch.Tensor:
+def rmsnorm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    convention: str = "single_rounding",
+) -> torch.Tensor:
     """float64 reference. ``transformers`` reproduces its intermediate rounding to x's dtype
     before the weight multiply; the result is float64 for the caller to compare or round."""
     x64 = x.double()
@@ -40,7 +44,8 @@ def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
 
 
 def liger_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Liger-Kernel's Triton RMSNorm (what LigerRMSNorm runs), in its transformers-matching "llama" casting."""
+    """Liger-Kernel's Triton RMSNorm (what LigerRMSNorm runs), in its transformers-matching "llama"
+    casting."""
     from liger_kernel.ops import LigerRMSNormFunction  # lazily: liger-kernel is optional
 
     # offset 0.0; "llama" casting: fp32 rstd, x · rstd rounded to x's dtype, then · weight (this spec's
@@ -54,8 +59,13 @@ spec = OpSpec(
     summary="RMSNorm over the last dim, optional weight, fp32 statistics",
     tensors=[
         Tensor(name="x", dims="*rows hidden", doc="input, any number of leading dims"),
-        Tensor(name="weight", dims="hidden", optional=True, absent_value=1.0,
-               doc="per-channel scale; None for diffusers' elementwise_affine=False"),
+        Tensor(
+            name="weight",
+            dims="hidden",
+            optional=True,
+            absent_value=1.0,
+            doc="per-channel scale; None for diffusers' elementwise_affine=False",
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
     params=[Param(name="eps", default=1e-6, positive=True, doc="added to mean(x²)")],
@@ -63,21 +73,34 @@ spec = OpSpec(
         # mean(x²) as sum · (1/hidden): the same fp32 operations as torch's mean reduction.
         reductions=[Reduction(stat="rstd", summand=x**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))],
         conventions=[
-            Convention(name="single_rounding", outputs={"out": x * rstd * weight},
-                       matches="torch.nn.RMSNorm, torch.nn.functional.rms_norm, diffusers RMSNorm"),
-            Convention(name="transformers", outputs={"out": weight * to_io_dtype(x * rstd)},
-                       matches="transformers LlamaRMSNorm / Qwen3RMSNorm: round to x's dtype, then weight ·"),
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * rstd * weight},
+                matches="torch.nn.RMSNorm, torch.nn.functional.rms_norm, diffusers RMSNorm",
+            ),
+            Convention(
+                name="transformers",
+                outputs={"out": weight * to_io_dtype(x * rstd)},
+                matches="transformers LlamaRMSNorm / Qwen3RMSNorm: round to x's dtype, then weight ·",
+            ),
         ],
     ),
     reference=rmsnorm_ref,
-    peers={"eager (transformers)": llama_rmsnorm_eager, "F.rms_norm": torch_rms_norm,
-           "Liger (LigerRMSNormFunction)": liger_rms_norm},
+    peers={
+        "eager (transformers)": llama_rmsnorm_eager,
+        "F.rms_norm": torch_rms_norm,
+        "Liger (LigerRMSNormFunction)": liger_rms_norm,
+    },
     layers=[
-        Layer(name="RMSNorm",
-              replaces=["transformers.models.llama.modeling_llama.LlamaRMSNorm",
-                        "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm"],
-              forward_args=["hidden_states"],
-              bind={"x": "hidden_states", "weight": "self.weight", "eps": "self.variance_epsilon"},
-              convention="transformers"),
+        Layer(
+            name="RMSNorm",
+            replaces=[
+                "transformers.models.llama.modeling_llama.LlamaRMSNorm",
+                "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm",
+            ],
+            forward_args=["hidden_states"],
+            bind={"x": "hidden_states", "weight": "self.weight", "eps": "self.variance_epsilon"},
+            convention="transformers",
+        ),
     ],
 )

@@ -19,9 +19,14 @@ from kgen.families.rotary import GridAngles, Rotary, coord, cos, freq, k, n_freq
 x, x_pair = sp.symbols("x x_pair")
 f, h, w = sp.symbols("f h w")
 theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch = sp.symbols(
-    "theta base_frames base_height base_width scale_t scale_h scale_w patch_t patch")
-step = 1 / (n_freq - 1)  # torch.linspace(0, 1, n_freq) in fp32: start + step·k up to the middle, then end - step·(n - 1 - k)
-linspace = sp.Piecewise((0, sp.Eq(n_freq, 1)), (k * step, k < sp.floor(n_freq / 2)), (1 - step * (n_freq - 1 - k), True))
+    "theta base_frames base_height base_width scale_t scale_h scale_w patch_t patch"
+)
+step = 1 / (
+    n_freq - 1
+)  # torch.linspace(0, 1, n_freq) in fp32: start + step·k up to the middle, then end - step·(n - 1 - k)
+linspace = sp.Piecewise(
+    (0, sp.Eq(n_freq, 1)), (k * step, k < sp.floor(n_freq / 2)), (1 - step * (n_freq - 1 - k), True)
+)
 
 PARAMS = [
     Param(name="frames", default=1, integer=True, positive=True, doc="latent frames F"),
@@ -38,10 +43,13 @@ PARAMS = [
     Param(name="patch", default=1.0, positive=True, doc="patch_size"),
 ]
 GRID = GridAngles(
-    axes=["f", "h", "w"], sizes=["frames", "height", "width"],
-    coordinates=[f * scale_t * patch_t * sp.UnevaluatedExpr(1 / base_frames),
-                 h * scale_h * patch * sp.UnevaluatedExpr(1 / base_height),
-                 w * scale_w * patch * sp.UnevaluatedExpr(1 / base_width)],
+    axes=["f", "h", "w"],
+    sizes=["frames", "height", "width"],
+    coordinates=[
+        f * scale_t * patch_t * sp.UnevaluatedExpr(1 / base_frames),
+        h * scale_h * patch * sp.UnevaluatedExpr(1 / base_height),
+        w * scale_w * patch * sp.UnevaluatedExpr(1 / base_width),
+    ],
     frequency=sp.pi / 2 * theta**linspace,
     angle=freq * (2 * coord - 1),
 )
@@ -51,8 +59,9 @@ def ltx_rotary_apply(x: torch.Tensor, grid: torch.Tensor, theta: float, tables: 
     """diffusers' tables from the fp32 grid coordinates [B, S, 3] (LTXVideoRotaryPosEmbed after its
     coordinates), applied to x in float64; with ``tables``, the (cos, sin) tables themselves."""
     dim, device = x.shape[-1], x.device
-    freqs = theta ** torch.linspace(math.log(1.0, theta), math.log(theta, theta), dim // 6, device=device,
-                                    dtype=torch.float32)
+    freqs = theta ** torch.linspace(
+        math.log(1.0, theta), math.log(theta, theta), dim // 6, device=device, dtype=torch.float32
+    )
     freqs = (freqs * math.pi / 2.0) * (grid.unsqueeze(-1) * 2 - 1)
     freqs = freqs.transpose(-1, -2).flatten(2)
     cos, sin = freqs.cos().repeat_interleave(2, dim=-1), freqs.sin().repeat_interleave(2, dim=-1)
@@ -65,14 +74,31 @@ def ltx_rotary_apply(x: torch.Tensor, grid: torch.Tensor, theta: float, tables: 
     return x.double() * cos.double() + rotated * sin.double()
 
 
-def rope3d_ref(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0,
-               base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0,
-               scale_t: float = 8 / 25, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0,
-               patch: float = 1.0, tables: bool = False) -> torch.Tensor:
+def rope3d_ref(
+    x: torch.Tensor,
+    frames: int = 1,
+    height: int = 1,
+    width: int = 1,
+    theta: float = 10000.0,
+    base_frames: float = 20.0,
+    base_height: float = 2048.0,
+    base_width: float = 2048.0,
+    scale_t: float = 8 / 25,
+    scale_h: float = 32.0,
+    scale_w: float = 32.0,
+    patch_t: float = 1.0,
+    patch: float = 1.0,
+    tables: bool = False,
+) -> torch.Tensor:
     """The tables as diffusers builds them (fp32, on x's device), applied in float64; with
     ``tables``, the (cos, sin) tables themselves."""
-    grid = torch.stack(torch.meshgrid(*(torch.arange(n, dtype=torch.float32, device=x.device)
-                                        for n in (frames, height, width)), indexing="ij"), dim=0)
+    grid = torch.stack(
+        torch.meshgrid(
+            *(torch.arange(n, dtype=torch.float32, device=x.device) for n in (frames, height, width)),
+            indexing="ij",
+        ),
+        dim=0,
+    )
     grid = grid.unsqueeze(0).repeat(x.shape[0], 1, 1, 1, 1)
     grid[:, 0:1] = grid[:, 0:1] * scale_t * patch_t / base_frames
     grid[:, 1:2] = grid[:, 1:2] * scale_h * patch / base_height
@@ -98,14 +124,27 @@ spec = OpSpec(
     name="rope3d",
     summary="LTX-Video 3D rotary embedding with the angles computed in the kernel from the latent grid",
     tensors=[
-        Tensor(name="x", dims="*rows hidden", doc="[B, S, C], S = frames·height·width (q or k before the head split)"),
+        Tensor(
+            name="x",
+            dims="*rows hidden",
+            doc="[B, S, C], S = frames·height·width (q or k before the head split)",
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
     params=PARAMS,
-    structure=Rotary(pairing="interleaved", rotates=["x"], grid=GRID, conventions=[
-        Convention(name="single_rounding", outputs={"out": x * cos + sign * x_pair * sin},
-                   matches="diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb: fp32 angles, fp32 math, one rounding"),
-    ]),
+    structure=Rotary(
+        pairing="interleaved",
+        rotates=["x"],
+        grid=GRID,
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * cos + sign * x_pair * sin},
+                matches="diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb: fp32 angles, fp32 math, one "
+                "rounding",
+            ),
+        ],
+    ),
     reference=rope3d_ref,
     peers={"eager (diffusers apply_rotary_emb, fp32 tables)": diffusers_apply_rotary_emb},
 )

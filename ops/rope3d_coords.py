@@ -19,10 +19,19 @@ x, x_pair, f, h, w = sp.symbols("x x_pair f h w")
 base_frames, base_height, base_width = sp.symbols("base_frames base_height base_width")
 
 
-def rope3d_coords_ref(x: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0, base_frames: float = 20.0,
-                      base_height: float = 2048.0, base_width: float = 2048.0, tables: bool = False):
+def rope3d_coords_ref(
+    x: torch.Tensor,
+    coords: torch.Tensor,
+    theta: float = 10000.0,
+    base_frames: float = 20.0,
+    base_height: float = 2048.0,
+    base_width: float = 2048.0,
+    tables: bool = False,
+):
     """The tables diffusers builds from video_coords (fp32), applied in float64."""
-    grid = torch.stack([coords[:, 0] / base_frames, coords[:, 1] / base_height, coords[:, 2] / base_width], dim=-1)
+    grid = torch.stack(
+        [coords[:, 0] / base_frames, coords[:, 1] / base_height, coords[:, 2] / base_width], dim=-1
+    )
     return ltx_rotary_apply(x, grid, theta, tables)
 
 
@@ -44,19 +53,35 @@ spec = OpSpec(
     summary="LTX-Video 3D rotary embedding from given video coordinates, angles computed in the kernel",
     tensors=[
         Tensor(name="x", dims="*rows hidden", doc="[B, S, C] (q or k before the head split)"),
-        Tensor(name="coords", dims="batch axes tokens", dtype="float32", doc="video_coords: [B, 3, S] float32"),
+        Tensor(
+            name="coords", dims="batch axes tokens", dtype="float32", doc="video_coords: [B, 3, S] float32"
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
     params=[p for p in ROPE3D.params if p.name in ("theta", "base_frames", "base_height", "base_width")],
-    structure=Rotary(pairing="interleaved", rotates=["x"], grid=GridAngles(
-        axes=["f", "h", "w"], coordinates_input="coords",
-        coordinates=[f * sp.UnevaluatedExpr(1 / base_frames), h * sp.UnevaluatedExpr(1 / base_height),
-                     w * sp.UnevaluatedExpr(1 / base_width)],
-        frequency=ROPE3D.structure.grid.frequency, angle=ROPE3D.structure.grid.angle,
-    ), conventions=[
-        Convention(name="single_rounding", outputs={"out": x * cos + sign * x_pair * sin},
-                   matches="diffusers LTXVideoRotaryPosEmbed(video_coords=...) + apply_rotary_emb: fp32 angles, one rounding"),
-    ]),
+    structure=Rotary(
+        pairing="interleaved",
+        rotates=["x"],
+        grid=GridAngles(
+            axes=["f", "h", "w"],
+            coordinates_input="coords",
+            coordinates=[
+                f * sp.UnevaluatedExpr(1 / base_frames),
+                h * sp.UnevaluatedExpr(1 / base_height),
+                w * sp.UnevaluatedExpr(1 / base_width),
+            ],
+            frequency=ROPE3D.structure.grid.frequency,
+            angle=ROPE3D.structure.grid.angle,
+        ),
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * cos + sign * x_pair * sin},
+                matches="diffusers LTXVideoRotaryPosEmbed(video_coords=...) + apply_rotary_emb: fp32 angles, "
+                "one rounding",
+            ),
+        ],
+    ),
     reference=rope3d_coords_ref,
     peers={"eager (diffusers apply_rotary_emb, fp32 tables from video_coords)": diffusers_apply_rotary_emb},
 )

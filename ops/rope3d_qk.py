@@ -37,11 +37,18 @@ spec = OpSpec(
         Tensor(name="k_out", dims="*rows hidden", role="output"),
     ],
     params=ROPE3D.params,
-    structure=Rotary(pairing="interleaved", rotates=["x", "k"], grid=ROPE3D.structure.grid, conventions=[
-        Convention(name="single_rounding",
-                   outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
-                   matches="diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb on q and k"),
-    ]),
+    structure=Rotary(
+        pairing="interleaved",
+        rotates=["x", "k"],
+        grid=ROPE3D.structure.grid,
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
+                matches="diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb on q and k",
+            ),
+        ],
+    ),
     reference=rope3d_qk_ref,
     peers={"eager (diffusers apply_rotary_emb on q and k, fp32 tables)": diffusers_apply_rotary_emb_qk},
 )

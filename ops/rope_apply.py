@@ -35,14 +35,26 @@ spec = OpSpec(
     summary="rotary embedding from fp32 cos/sin tables, interleaved pairs (diffusers apply_rotary_emb)",
     tensors=[
         Tensor(name="x", dims="*rows hidden", doc="[B, S, C] (q or k before the head split) or [B, H, S, D]"),
-        Tensor(name="cos", dims="*rows hidden", dtype="float32", broadcast=True, doc="[B or 1, S, C] float32"),
-        Tensor(name="sin", dims="*rows hidden", dtype="float32", broadcast=True, doc="[B or 1, S, C] float32"),
+        Tensor(
+            name="cos", dims="*rows hidden", dtype="float32", broadcast=True, doc="[B or 1, S, C] float32"
+        ),
+        Tensor(
+            name="sin", dims="*rows hidden", dtype="float32", broadcast=True, doc="[B or 1, S, C] float32"
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=Rotary(pairing="interleaved", rotates=["x"], tables=("cos", "sin"), conventions=[
-        Convention(name="single_rounding", outputs={"out": x * cos + sign * x_pair * sin},
-                   matches="diffusers apply_rotary_emb: fp32 math, one rounding"),
-    ]),
+    structure=Rotary(
+        pairing="interleaved",
+        rotates=["x"],
+        tables=("cos", "sin"),
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * cos + sign * x_pair * sin},
+                matches="diffusers apply_rotary_emb: fp32 math, one rounding",
+            ),
+        ],
+    ),
     reference=rope_apply_ref,
     peers={"eager (diffusers apply_rotary_emb)": diffusers_apply_rotary_emb},
 )

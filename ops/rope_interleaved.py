@@ -16,8 +16,13 @@ ROPE = load_spec("rope")  # the same tensors: q, k, cos, sin -> out, k_out
 x, x_pair, k, k_pair = sp.symbols("x x_pair k k_pair")
 
 
-def rope_interleaved_ref(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         convention: str = "single_rounding"):
+def rope_interleaved_ref(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    convention: str = "single_rounding",
+):
     """float64 reference: (q_embed, k_embed)."""
     if convention not in ("single_rounding", "transformers"):
         raise ValueError(f"unknown convention {convention!r}")
@@ -29,7 +34,9 @@ def rope_interleaved_ref(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
         if convention == "single_rounding":
             return t.double() * cos.double() + rotated * sin.double()
-        return (t.double() * cos.double()).to(t.dtype).double() + (rotated * sin.double()).to(t.dtype).double()
+        return (t.double() * cos.double()).to(t.dtype).double() + (rotated * sin.double()).to(
+            t.dtype
+        ).double()
 
     return rotate(x), rotate(k)
 
@@ -48,15 +55,26 @@ spec = OpSpec(
     name="rope_interleaved",
     summary="rotary embedding of q and k in one launch, interleaved pairs (GPT-J rotate_every_two)",
     tensors=ROPE.tensors,
-    structure=Rotary(pairing="interleaved", rotates=["x", "k"], tables=("cos", "sin"), conventions=[
-        Convention(name="single_rounding",
-                   outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
-                   matches="the rotation in fp32, rounded once"),
-        Convention(name="transformers",
-                   outputs={"out": to_io_dtype(x * cos) + to_io_dtype(sign * x_pair * sin),
-                            "k_out": to_io_dtype(k * cos) + to_io_dtype(sign * k_pair * sin)},
-                   matches="transformers GPT-J: each product in the model dtype, then the sum"),
-    ]),
+    structure=Rotary(
+        pairing="interleaved",
+        rotates=["x", "k"],
+        tables=("cos", "sin"),
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": x * cos + sign * x_pair * sin, "k_out": k * cos + sign * k_pair * sin},
+                matches="the rotation in fp32, rounded once",
+            ),
+            Convention(
+                name="transformers",
+                outputs={
+                    "out": to_io_dtype(x * cos) + to_io_dtype(sign * x_pair * sin),
+                    "k_out": to_io_dtype(k * cos) + to_io_dtype(sign * k_pair * sin),
+                },
+                matches="transformers GPT-J: each product in the model dtype, then the sum",
+            ),
+        ],
+    ),
     reference=rope_interleaved_ref,
     peers={"eager (transformers GPT-J apply_rotary_pos_emb)": gptj_apply_rotary_pos_emb},
     inplace={"out": "x", "k_out": "k"},

@@ -44,17 +44,31 @@ spec = OpSpec(
     name="silu_and_mul",
     summary="SwiGLU: silu(gate) · up from one packed [..., 2F] input",
     tensors=[
-        Tensor(name="x", dims="*rows 2*hidden", halves=("gate", "up"),
-               doc="[..., 2F]: gate (first half) then up (second half)"),
+        Tensor(
+            name="x",
+            dims="*rows 2*hidden",
+            halves=("gate", "up"),
+            doc="[..., 2F]: gate (first half) then up (second half)",
+        ),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=Elementwise(conventions=[
-        Convention(name="single_rounding", outputs={"out": silu * up},
-                   matches="silu(gate) · up in fp32, rounded once"),
-        Convention(name="transformers", outputs={"out": to_io_dtype(silu) * up},
-                   matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product"),
-    ]),
+    structure=Elementwise(
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": silu * up},
+                matches="silu(gate) · up in fp32, rounded once",
+            ),
+            Convention(
+                name="transformers",
+                outputs={"out": to_io_dtype(silu) * up},
+                matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product",
+            ),
+        ]
+    ),
     reference=silu_and_mul_ref,
-    peers={"eager (transformers MLP activation)": transformers_mlp_activation,
-           "Liger (LigerFusedGateUpSiLUMulFunction)": liger_fused_gate_up_silu_mul},
+    peers={
+        "eager (transformers MLP activation)": transformers_mlp_activation,
+        "Liger (LigerFusedGateUpSiLUMulFunction)": liger_fused_gate_up_silu_mul,
+    },
 )

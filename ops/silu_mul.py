@@ -50,20 +50,37 @@ spec = OpSpec(
         Tensor(name="up", dims="*rows hidden", doc="the up projection's output, same shape and dtype"),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=Elementwise(conventions=[
-        Convention(name="single_rounding", outputs={"out": silu * up},
-                   matches="silu(gate) · up in fp32, rounded once"),
-        Convention(name="transformers", outputs={"out": to_io_dtype(silu) * up},
-                   matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product"),
-    ]),
+    structure=Elementwise(
+        conventions=[
+            Convention(
+                name="single_rounding",
+                outputs={"out": silu * up},
+                matches="silu(gate) · up in fp32, rounded once",
+            ),
+            Convention(
+                name="transformers",
+                outputs={"out": to_io_dtype(silu) * up},
+                matches="transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product",
+            ),
+        ]
+    ),
     reference=silu_mul_ref,
-    peers={"eager (transformers MLP activation)": transformers_mlp_activation,
-           "Liger (LigerSiLUMulFunction)": liger_silu_mul},
+    peers={
+        "eager (transformers MLP activation)": transformers_mlp_activation,
+        "Liger (LigerSiLUMulFunction)": liger_silu_mul,
+    },
     layers=[
-        Layer(name="GatedMLP",
-              replaces=["transformers.models.llama.modeling_llama.LlamaMLP",
-                        "transformers.models.qwen3.modeling_qwen3.Qwen3MLP"],
-              forward_args=["x"], bind={"x": "self.gate_proj(x)", "up": "self.up_proj(x)"}, returns="self.down_proj",
-              condition=silu_activation, convention="transformers"),
+        Layer(
+            name="GatedMLP",
+            replaces=[
+                "transformers.models.llama.modeling_llama.LlamaMLP",
+                "transformers.models.qwen3.modeling_qwen3.Qwen3MLP",
+            ],
+            forward_args=["x"],
+            bind={"x": "self.gate_proj(x)", "up": "self.up_proj(x)"},
+            returns="self.down_proj",
+            condition=silu_activation,
+            convention="transformers",
+        ),
     ],
 )

@@ -1,12 +1,12 @@
-"""Hardware counters (Nsight Compute) for kgen's kernel at every benchmark shape of the given ops, so
-a missed bar can be explained by measurement: DRAM bytes moved against the bytes counted, DRAM throughput, achieved
+"""Hardware counters (Nsight Compute) for kgen's kernel at every benchmark shape of the given ops, so a missed
+bar can be explained by measurement: DRAM bytes moved against the bytes counted, DRAM throughput, achieved
 against theoretical occupancy, waves, registers, instructions.
 
-    python3 scripts/ncu_counters.py rmsnorm rope3d --build-dir /tmp/kgen-build --out ncu.md
+python3 scripts/ncu_counters.py rmsnorm rope3d --build-dir /tmp/kgen-build --out ncu.md
 
-runs itself under `ncu --clock-control none` (clocks are left as they are; caches are flushed before
-each replay, as the benchmark flushes L2) and profiles only the launch between
-cudaProfilerStart/Stop of each shape."""
+runs itself under `ncu --clock-control none` (clocks are left as they are; caches are flushed before each
+replay, as the benchmark flushes L2) and profiles only the launch between cudaProfilerStart/Stop of each
+shape."""
 
 from __future__ import annotations
 
@@ -40,9 +40,8 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from kgen.bench import example_inputs
-    from kgen.catalog import suite
     from kgen.builder import build_op, device_arch, load
-    from kgen.catalog import load_spec
+    from kgen.catalog import load_spec, suite
 
     labels = []
 
@@ -61,12 +60,18 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
         kernel = getattr(load(build_op(op, device_arch(), build_dir)), op)
         for case in suite(op):
             params = case.param_values(spec)
-            inputs = example_inputs(spec, case.shape, torch.bfloat16, per_batch=case.per_batch, k_heads=case.k_heads)
+            inputs = example_inputs(
+                spec, case.shape, torch.bfloat16, per_batch=case.per_batch, k_heads=case.k_heads
+            )
             outputs = kernel(*inputs, *params)
-            counted = sum(t.numel() * t.element_size()
-                          for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])])
-            profiled(json.dumps({"op": op, "shape": case.label, "counted": counted}),
-                     lambda: kernel(*inputs, *params))
+            counted = sum(
+                t.numel() * t.element_size()
+                for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])]
+            )
+            profiled(
+                json.dumps({"op": op, "shape": case.label, "counted": counted}),
+                lambda: kernel(*inputs, *params),
+            )
     labels_path.write_text("\n".join(labels) + "\n")
 
 
@@ -106,9 +111,25 @@ def main() -> None:
     if args.child:
         return child(args.ops, args.build_dir, args.child)
     labels_path = args.out.with_suffix(".labels")
-    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--print-units", "base", "--csv",
-           "--metrics", ",".join(METRICS), sys.executable, __file__, *args.ops, "--build-dir", str(args.build_dir),
-           "--child", str(labels_path)]
+    cmd = [
+        "ncu",
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",
+        "--print-units",
+        "base",
+        "--csv",
+        "--metrics",
+        ",".join(METRICS),
+        sys.executable,
+        __file__,
+        *args.ops,
+        "--build-dir",
+        str(args.build_dir),
+        "--child",
+        str(labels_path),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True)
     args.out.with_suffix(".ncu.csv").write_text(run.stdout)
     if run.returncode != 0:
@@ -116,7 +137,10 @@ def main() -> None:
     kernels = parse(run.stdout)
     labels = labels_path.read_text().splitlines()
     if len(kernels) != len(labels):
-        sys.exit(f"{len(kernels)} kernels profiled for {len(labels)} launches; see {args.out.with_suffix('.ncu.csv')}")
+        sys.exit(
+            f"{len(kernels)} kernels profiled for {len(labels)} launches; see "
+            f"{args.out.with_suffix('.ncu.csv')}"
+        )
     rows = []
     for label, k in zip(labels, kernels):
         rows.append(json.loads(label) | k)

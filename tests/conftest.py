@@ -57,10 +57,11 @@ def built(build_root):
 
 @pytest.fixture(scope="module")
 def reference_kernels(build_root):
-    """reference_kernels(ops) -> {op name in its library: calls}: on a machine without a GPU, builds each op for
-    sm_90 and gives each of its ops (one per convention) a CPU kernel computed by the spec's reference in the
-    input dtype, so a model integration runs end to end on real libraries; and lets `kernels` pick the sm_90
-    mapping. The C++ CPU kernels (which refuse CPU tensors) come back at the module's end."""
+    """reference_kernels(ops) -> {op name in its library: calls}: on a machine without a GPU, builds each
+    op for sm_90 and gives each of its ops (one per convention) a CPU kernel computed by the spec's
+    reference in the input dtype, so a model integration runs end to end on real libraries; and lets
+    `kernels` pick the sm_90 mapping. The C++ CPU kernels (which refuse CPU tensors) come back at the
+    module's end."""
     import inspect
     from collections import Counter
 

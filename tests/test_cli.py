@@ -27,9 +27,19 @@ def test_list():
 def test_explain_prints_every_choice_and_the_roofline():
     result = run("explain", "rmsnorm", "--arch", "sm_90", "--dtype", "fp16", "--shape", "8192x4096")
     assert result.exit_code == 0, result.output
-    for word in ("16 B (8 elements)", "threads per row", "128", "rows per block", "warp shuffle + one shared-memory exchange",
-                 "registers", "4096 blocks", "134.23 MB", "roofline on H200 SXM (4800 GB/s): 28.0 µs",
-                 "planner.row_reduce.threads_per_row", "every choice from rules"):
+    for word in (
+        "16 B (8 elements)",
+        "threads per row",
+        "128",
+        "rows per block",
+        "warp shuffle + one shared-memory exchange",
+        "registers",
+        "4096 blocks",
+        "134.23 MB",
+        "roofline on H200 SXM (4800 GB/s): 28.0 µs",
+        "planner.row_reduce.threads_per_row",
+        "every choice from rules",
+    ):
         assert word in " ".join(result.output.replace("│", " ").split()), word
 
 
@@ -41,7 +51,10 @@ def test_explain_three_dim_shape_and_odd_hidden():
 
 def test_user_errors_exit_2_with_a_message():
     cases = [
-        (("explain", "rmsnorm", "--arch", "sm_75", "--dtype", "bf16"), "sm_75 (Tesla T4) has no bfloat16 arithmetic"),
+        (
+            ("explain", "rmsnorm", "--arch", "sm_75", "--dtype", "bf16"),
+            "sm_75 (Tesla T4) has no bfloat16 arithmetic",
+        ),
         (("build", "rmsnorm", "--arch", "sm_75", "--dtype", "bfloat16"), "has no bfloat16 arithmetic"),
         (("explain", "rmsnorm", "--shape", "8192xabc"), "--shape must look like 8192x4096"),
         (("explain", "layernorm2"), "unknown op 'layernorm2'"),

@@ -11,8 +11,16 @@ x, w, s, eps = sp.symbols("x w s eps")
 
 
 def test_fp32_functions_and_intrinsics():
-    lines = statements({"a": 1 / sp.sqrt(s + eps), "b": x**2, "c": sp.exp(x) * sp.Rational(1, 2),
-                        "d": sp.erf(x) + sp.tanh(x), "e": sp.sqrt(x)}, {})
+    lines = statements(
+        {
+            "a": 1 / sp.sqrt(s + eps),
+            "b": x**2,
+            "c": sp.exp(x) * sp.Rational(1, 2),
+            "d": sp.erf(x) + sp.tanh(x),
+            "e": sp.sqrt(x),
+        },
+        {},
+    )
     assert "a = rsqrtf(eps + s);" in lines
     assert "b = (x*x);" in lines
     assert "c = (1.0F/2.0F)*expf(x);" in lines

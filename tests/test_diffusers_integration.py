@@ -2,9 +2,9 @@
 
 Without a GPU the real libraries are built and loaded and each op gets a CPU kernel computed by its spec's
 reference (tests/conftest.py): the structure checks, the dataflow of the patched blocks and attentions, the
-arguments each op gets (the latent grid for the rotary angles included), the outputs and torch.compile tracing.
-On a GPU the same tests run the real kernels with the LTX-Video 2B config (two blocks) at B = 2, 7×16×24 latents.
-"""
+arguments each op gets (the latent grid for the rotary angles included), the outputs and torch.compile
+tracing. On a GPU the same tests run the real kernels with the LTX-Video 2B config (two blocks) at B = 2,
+7×16×24 latents."""
 
 from __future__ import annotations
 
@@ -21,8 +21,14 @@ from kgen.integrations.diffusers import OPS, patch  # noqa: E402
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 LTX_2B = {}  # the class defaults are LTX-Video 2B's: 32 heads × 64, cross-attention 2048, captions 4096
-SMALL = dict(in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=32, cross_attention_dim=64,
-             caption_channels=32)  # inner dim 64: 64 % 6 = 4 channels of rotary padding, as 2048 has 2
+SMALL = dict(
+    in_channels=16,
+    out_channels=16,
+    num_attention_heads=2,
+    attention_head_dim=32,
+    cross_attention_dim=64,
+    caption_channels=32,
+)  # inner dim 64: 64 % 6 = 4 channels of rotary padding, as 2048 has 2
 GRID = (7, 16, 24) if GPU else (2, 3, 4)
 SCALE = (8 / 25, 32.0, 32.0)  # rope_interpolation_scale at 25 fps with the VAE's 8× and 32× compression
 pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
@@ -44,13 +50,21 @@ def inputs_of(model, grid=GRID, batch=2, text=16):
     config = model.config
     generator = torch.Generator(DEVICE).manual_seed(1)
     mask = torch.ones(batch, text, device=DEVICE)
-    mask[1, text // 2:] = 0  # a shorter caption in the second sample
-    return dict(hidden_states=torch.randn(batch, frames * height * width, config.in_channels, device=DEVICE,
-                                          generator=generator),
-                encoder_hidden_states=torch.randn(batch, text, config.caption_channels, device=DEVICE,
-                                                  generator=generator),
-                timestep=torch.tensor([500, 20], device=DEVICE), encoder_attention_mask=mask,
-                num_frames=frames, height=height, width=width, rope_interpolation_scale=SCALE)
+    mask[1, text // 2 :] = 0  # a shorter caption in the second sample
+    return dict(
+        hidden_states=torch.randn(
+            batch, frames * height * width, config.in_channels, device=DEVICE, generator=generator
+        ),
+        encoder_hidden_states=torch.randn(
+            batch, text, config.caption_channels, device=DEVICE, generator=generator
+        ),
+        timestep=torch.tensor([500, 20], device=DEVICE),
+        encoder_attention_mask=mask,
+        num_frames=frames,
+        height=height,
+        width=width,
+        rope_interpolation_scale=SCALE,
+    )
 
 
 def cast(inputs, dtype=torch.bfloat16):
@@ -74,9 +88,16 @@ def check_output_matches(config, served_ops, root, **overrides):
     if not GPU:
         rope = {"rope3d_coords": 4} if inputs.get("video_coords") is not None else {"rope3d_qk": 2}
         ran = {name: calls[name] - before[name] for name in calls if calls[name] > before[name]}
-        # norm1 of block 0; norm2 of each block and norm1 of block 1 with the residual before; norm_out with the last
-        assert ran == {"adaln_rmsnorm_diffusers": 1, "residual_adaln_rmsnorm_diffusers": 3, "rmsnorm": 8,
-                       "residual_adaln_layernorm_diffusers": 1, "gelu_tanh": 2, **rope}
+        # norm1 of block 0; norm2 of each block and norm1 of block 1 with the residual before; norm_out with
+        # the last
+        assert ran == {
+            "adaln_rmsnorm_diffusers": 1,
+            "residual_adaln_rmsnorm_diffusers": 3,
+            "rmsnorm": 8,
+            "residual_adaln_layernorm_diffusers": 1,
+            "gelu_tanh": 2,
+            **rope,
+        }
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
     assert torch.isfinite(kgen).all()
     assert kgen_err <= 1.5 * eager_err + 1e-3, f"kgen {kgen_err:.4g} vs diffusers {eager_err:.4g} from fp32"
@@ -89,9 +110,12 @@ def test_ltx_video_output_matches(served_ops, build_root):
 
 def test_ltx_video_with_video_coords(served_ops, build_root):
     frames, height, width = GRID
-    grid = torch.stack(torch.meshgrid(*(torch.arange(n, device=DEVICE, dtype=torch.float32) for n in GRID),
-                                      indexing="ij")).flatten(1)
-    coords = (grid * torch.tensor([8 / 25 * 8, 32.0, 32.0], device=DEVICE)[:, None]).expand(2, 3, -1).contiguous()
+    grid = torch.stack(
+        torch.meshgrid(*(torch.arange(n, device=DEVICE, dtype=torch.float32) for n in GRID), indexing="ij")
+    ).flatten(1)
+    coords = (
+        (grid * torch.tensor([8 / 25 * 8, 32.0, 32.0], device=DEVICE)[:, None]).expand(2, 3, -1).contiguous()
+    )
     check_output_matches(LTX_2B if GPU else SMALL, served_ops, build_root, video_coords=coords)
 
 
@@ -124,8 +148,13 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     explained = torch._dynamo.explain(model)(**bf16, return_dict=False)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
-    for op in ("adaln_rmsnorm_diffusers", "residual_adaln_rmsnorm_diffusers", "residual_adaln_layernorm_diffusers",
-               "rope3d_qk", "gelu_tanh"):
+    for op in (
+        "adaln_rmsnorm_diffusers",
+        "residual_adaln_rmsnorm_diffusers",
+        "residual_adaln_layernorm_diffusers",
+        "rope3d_qk",
+        "gelu_tanh",
+    ):
         assert op in code
     eager = output(model, inputs, torch.bfloat16)
     torch._dynamo.reset()

@@ -1,6 +1,6 @@
-"""The whole-model benchmark's harness (kgen.integrations.e2e) on small models: on a CPU the real libraries with
-each op computed by its spec's reference (tests/conftest.py); the numbers themselves come from `kgen bench --e2e`
-on the GPU (BENCHMARKS.md)."""
+"""The whole-model benchmark's harness (kgen.integrations.e2e) on small models: on a CPU the real libraries
+with each op computed by its spec's reference (tests/conftest.py); the numbers themselves come from `kgen
+bench --e2e` on the GPU (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,31 @@ pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
 from kgen.errors import KgenError  # noqa: E402
-from kgen.integrations import diffusers as kgen_diffusers, transformers as kgen_transformers  # noqa: E402
+from kgen.integrations import diffusers as kgen_diffusers  # noqa: E402
+from kgen.integrations import transformers as kgen_transformers
 from kgen.integrations.e2e import run_e2e, write  # noqa: E402
 
 pytestmark = pytest.mark.toolchain
-SMALL = {"qwen3": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=128, num_hidden_layers=2),
-         "ltx": dict(in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=32,
-                     cross_attention_dim=64, caption_channels=32, num_layers=2)}
+SMALL = {
+    "qwen3": dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        num_hidden_layers=2,
+    ),
+    "ltx": dict(
+        in_channels=16,
+        out_channels=16,
+        num_attention_heads=2,
+        attention_head_dim=32,
+        cross_attention_dim=64,
+        caption_channels=32,
+        num_layers=2,
+    ),
+}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
@@ -28,12 +45,24 @@ SMALL = {"qwen3": dict(vocab_size=512, hidden_size=256, intermediate_size=512, n
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
     calls = reference_kernels(kgen_transformers.OPS + kgen_diffusers.OPS)
     before = sum(calls.values())
-    result = run_e2e(target, rounds=2, repeats=2, device="cpu", config=SMALL[target], build_root=build_root,
-                     arch="sm_90", variants=("eager", "eager + kgen"), log=lambda _: None)
+    result = run_e2e(
+        target,
+        rounds=2,
+        repeats=2,
+        device="cpu",
+        config=SMALL[target],
+        build_root=build_root,
+        arch="sm_90",
+        variants=("eager", "eager + kgen"),
+        log=lambda _: None,
+    )
     assert sum(calls.values()) > before  # the kgen variant ran kgen's ops
     workloads = [row["workload"] for row in result["rows"]]
-    assert workloads == (["Qwen3 prefill, 1×32 tokens", "Qwen3 decode step, batch 4, 16 tokens of context"]
-                         if target == "qwen3" else ["LTX-Video forward, B=2, S=24 (2×3×4)"])
+    assert workloads == (
+        ["Qwen3 prefill, 1×32 tokens", "Qwen3 decode step, batch 4, 16 tokens of context"]
+        if target == "qwen3"
+        else ["LTX-Video forward, B=2, S=24 (2×3×4)"]
+    )
     for row in result["rows"]:
         assert row["eager ms"] > 0 and row["eager + kgen ms"] > 0
         assert row["eager + kgen speed-up"] == pytest.approx(row["eager ms"] / row["eager + kgen ms"])

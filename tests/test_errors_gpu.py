@@ -11,10 +11,10 @@ import math
 import re
 
 import pytest
-import torch
-
 import test_ops_gpu as rows_suite
 import test_rotary_gpu as rotary_suite
+import torch
+
 from kgen.bench import example_inputs
 from kgen.catalog import load_spec, op_names
 
@@ -38,7 +38,9 @@ def valid_call(op, dtype=torch.bfloat16, gen=None, shape=None, per_batch=False):
     grid = spec.structure.grid if spec.structure.kind == "rotary" else None
     if grid is not None and grid.sizes:
         params[:3] = [2, 3, 4]
-    shape = shape or ((2, 24, 256) if grid is not None else (2, 3, 7, 64) if spec.structure.kind == "rotary" else (2, 3, 64))
+    shape = shape or (
+        (2, 24, 256) if grid is not None else (2, 3, 7, 64) if spec.structure.kind == "rotary" else (2, 3, 64)
+    )
     inputs = example_inputs(spec, shape, dtype, k_heads=2, generator=gen, per_batch=per_batch)
     for t, tensor in zip(inputs, spec.inputs):
         if tensor.coordinates:  # latent-grid positions: whole numbers up to about 2000
@@ -62,29 +64,65 @@ def bad_calls(op):
 
     for i, t in enumerate(spec.inputs):
         name = re.escape(t.name)
-        yield f"{t.name} on the CPU", *variant((i, lambda v: v.cpu())), ValueError, rf"{op}: {name} must be a CUDA tensor"
-        yield f"{t.name} float64", *variant((i, lambda v: v.double())), TypeError, \
-            rf"{op}: {name} (has dtype Double|must be float32)"
+        yield (
+            f"{t.name} on the CPU",
+            *variant((i, lambda v: v.cpu())),
+            ValueError,
+            rf"{op}: {name} must be a CUDA tensor",
+        )
+        yield (
+            f"{t.name} float64",
+            *variant((i, lambda v: v.double())),
+            TypeError,
+            rf"{op}: {name} (has dtype Double|must be float32)",
+        )
         if t.name != "x":
             other = torch.float32 if t.dtype == "io" else torch.float16  # x is bfloat16
-            yield f"{t.name} {other}", *variant((i, lambda v: v.to(other))), TypeError, \
-                rf"{op}: {name} (has dtype Float but x has BFloat16|must be float32)"
-            yield f"{t.name} with 2 more in its last dim", *variant(
-                (i, lambda v: torch.zeros(*v.shape[:-1], v.shape[-1] + 2, dtype=v.dtype, device=v.device))), \
-                ValueError, rf"{op}: {name} (must|has shape)"
+            yield (
+                f"{t.name} {other}",
+                *variant((i, lambda v: v.to(other))),
+                TypeError,
+                rf"{op}: {name} (has dtype Float but x has BFloat16|must be float32)",
+            )
+            yield (
+                f"{t.name} with 2 more in its last dim",
+                *variant(
+                    (i, lambda v: torch.zeros(*v.shape[:-1], v.shape[-1] + 2, dtype=v.dtype, device=v.device))
+                ),
+                ValueError,
+                rf"{op}: {name} (must|has shape)",
+            )
         if t.broadcast and spec.structure.kind != "rotary":
-            yield f"{t.name} [2, 2, 64] beside x [2, 3, 64]", *variant((i, lambda v: v[:, :2])), ValueError, \
-                rf"{op}: {name} must broadcast to \[2, 3, 64\]"
-    yield "x 0-dim", *variant((0, lambda v: v.flatten()[0])), ValueError, rf"{op}: x must have (at least one dim|1 to 4 dims)"
+            yield (
+                f"{t.name} [2, 2, 64] beside x [2, 3, 64]",
+                *variant((i, lambda v: v[:, :2])),
+                ValueError,
+                rf"{op}: {name} must broadcast to \[2, 3, 64\]",
+            )
+    yield (
+        "x 0-dim",
+        *variant((0, lambda v: v.flatten()[0])),
+        ValueError,
+        rf"{op}: x must have (at least one dim|1 to 4 dims)",
+    )
     if spec.structure.kind == "rotary" or spec.inputs[0].packed:
-        yield "x with an odd last dim", *variant((0, lambda v: v[..., :-1])), ValueError, rf"{op}: x.*must be even"
+        yield (
+            "x with an odd last dim",
+            *variant((0, lambda v: v[..., :-1])),
+            ValueError,
+            rf"{op}: x.*must be even",
+        )
     for i, p in enumerate(spec.params):
         if not p.positive:
             continue
         kind = "an integer" if p.integer else "a finite number"
         for value in (0, -3) if p.integer else (0.0, -1e-6, math.nan, math.inf):
-            yield f"{p.name}={value}", *variant(change_param=(i, value)), ValueError, \
-                rf"{op}: {p.name} must be {kind} > 0, got"
+            yield (
+                f"{p.name}={value}",
+                *variant(change_param=(i, value)),
+                ValueError,
+                rf"{op}: {p.name} must be {kind} > 0, got",
+            )
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -116,15 +154,20 @@ def test_nan_and_inf_propagate_as_in_the_reference(fns, op, dtype):
         flat[where] = torch.tensor([math.nan, math.inf, -math.inf] * 2, device="cuda", dtype=t.dtype)
     got = fns[op](*inputs, *params)
     got = got if isinstance(got, tuple) else (got,)
-    want = rows_suite.reference(op, inputs, params, spec.default_convention)
-    for out, want, tensor in zip(got, want if isinstance(want, tuple) else (want,), spec.outputs):
+    wanted = rows_suite.reference(op, inputs, params, spec.default_convention)
+    for out, want, tensor in zip(got, wanted if isinstance(wanted, tuple) else (wanted,), spec.outputs):
         out = out.double()
-        assert torch.equal(out.isnan(), want.isnan()), f"{op} {tensor.name}: NaN where the reference has none, or none where it has"
-        assert torch.equal(out.isinf(), want.isinf()) and torch.equal(out[out.isinf()], want[want.isinf()]), \
+        assert torch.equal(out.isnan(), want.isnan()), (
+            f"{op} {tensor.name}: NaN where the reference has none, or none where it has"
+        )
+        assert torch.equal(out.isinf(), want.isinf()) and torch.equal(out[out.isinf()], want[want.isinf()]), (
             f"{op} {tensor.name}: ±Inf differ from the reference"
+        )
         finite = want.isfinite()
         scale = want[finite].abs().max().clamp_min(1.0)
-        assert ((out[finite] - want[finite]).abs() <= 0.05 * scale).all(), f"{op} {tensor.name}: finite values off"
+        assert ((out[finite] - want[finite]).abs() <= 0.05 * scale).all(), (
+            f"{op} {tensor.name}: finite values off"
+        )
 
 
 @pytest.mark.parametrize("op", ROTARY)
@@ -142,7 +185,9 @@ def test_rotary_misaligned_and_strided_views(fns, op, dtype):
                 view = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")[1:].view(t.shape).copy_(t)
                 assert view.data_ptr() % 16 != 0
             else:
-                view = torch.empty(*t.shape[:-1], t.shape[-1] + 16, dtype=t.dtype, device="cuda")[..., 8:-8].copy_(t)
+                view = torch.empty(*t.shape[:-1], t.shape[-1] + 16, dtype=t.dtype, device="cuda")[
+                    ..., 8:-8
+                ].copy_(t)
             views.append(view)
         rotary_suite.check(op, fns[op](*views, *params), views, params, spec.default_convention)
 
@@ -178,14 +223,21 @@ def test_more_than_2_to_the_31_elements(fns, op):
     outs = outs if isinstance(outs, tuple) else (outs,)
     token_dim = -2
     for part in (slice(0, 5), slice(-5, None)):
+
         def cut(t):
             if t is None or t.dim() == 1 or t.shape[token_dim] == 1:
                 return t  # weights, per-batch modulation
             return t[(slice(None),) * (t.dim() + token_dim) + (part,)]
+
         pieces = tuple(cut(o) for o in outs)
         suite = rotary_suite if op in ROTARY else rows_suite
-        suite.check(op, pieces if len(pieces) > 1 else pieces[0], [cut(t) for t in inputs], params,
-                    spec.default_convention)
+        suite.check(
+            op,
+            pieces if len(pieces) > 1 else pieces[0],
+            [cut(t) for t in inputs],
+            params,
+            spec.default_convention,
+        )
     del inputs, outs
     torch.cuda.empty_cache()
 
@@ -203,7 +255,9 @@ def test_second_gpu(fns, op):
     inputs, params = valid_call(op, torch.bfloat16, gen)
     here = fns[op](*inputs, *params)
     there = fns[op](*[None if t is None else t.to("cuda:1") for t in inputs], *params)
-    for a, b in zip(here if isinstance(here, tuple) else (here,), there if isinstance(there, tuple) else (there,)):
+    for a, b in zip(
+        here if isinstance(here, tuple) else (here,), there if isinstance(there, tuple) else (there,)
+    ):
         assert b.device == torch.device("cuda:1") and torch.equal(a, b.to("cuda:0"))
     if len(spec.inputs) > 1:
         inputs[1] = inputs[1].to("cuda:1")

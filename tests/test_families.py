@@ -1,7 +1,7 @@
-"""Structure families plug in from outside kgen: tests/families/row_scale.py (a '*rows' scale per row, its own
-tensor layout, checks, plan, context, shapes and templates) is registered from $KGEN_FAMILIES_PATH, and the spec
-tests/family_ops/scale_rows.py uses it, with no edit in kgen/. It renders, explains, compiles with nvcc and
-builds (CI), and runs on the GPU against its reference."""
+"""Structure families plug in from outside kgen: tests/families/row_scale.py (a '*rows' scale per row, its
+own tensor layout, checks, plan, context, shapes and templates) is registered from $KGEN_FAMILIES_PATH, and
+the spec tests/family_ops/scale_rows.py uses it, with no edit in kgen/. It renders, explains, compiles with
+nvcc and builds (CI), and runs on the GPU against its reference."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def plugged(monkeypatch):
 def test_a_family_from_outside_kgen_plans_and_renders(plugged):
     spec = load_spec("scale_rows")
     assert family_of(spec).name == "row_scale" and not Path(family_of(spec).template_root).is_relative_to(
-        Path(catalog.__file__).parent)
+        Path(catalog.__file__).parent
+    )
     files = render_target(resolve_target("scale_rows", "sm_90"))
     kernel = files["scale_rows_cuda/scale_rows.cu"]
     assert "scale_rows_fwd_kernel" in kernel and "out_out = s*x;" in kernel
@@ -53,7 +54,8 @@ def test_a_family_from_outside_kgen_plans_and_renders(plugged):
 
 
 def test_a_spec_of_an_unregistered_family_is_refused(monkeypatch):
-    """Without $KGEN_FAMILIES_PATH the spec cannot import its family: refused naming the spec, line and cause."""
+    """Without $KGEN_FAMILIES_PATH the spec cannot import its family: refused naming the spec, line and
+    cause."""
     monkeypatch.setenv("KGEN_OPS_PATH", str(HERE / "family_ops"))
     for module in ("kgen_families", "kgen_families.row_scale"):
         monkeypatch.delitem(sys.modules, module, raising=False)
@@ -61,8 +63,11 @@ def test_a_spec_of_an_unregistered_family_is_refused(monkeypatch):
     catalog._load_families.cache_clear()
     load_spec.cache_clear()
     try:
-        with pytest.raises(KgenError, match=r"spec 'scale_rows' \(.*scale_rows.py:10\) failed to load: "
-                                            r"ModuleNotFoundError: .*is its folder on \$KGEN_FAMILIES_PATH"):
+        with pytest.raises(
+            KgenError,
+            match=r"spec 'scale_rows' \(.*scale_rows.py:10\) failed to load: "
+            r"ModuleNotFoundError: .*is its folder on \$KGEN_FAMILIES_PATH",
+        ):
             load_spec("scale_rows")
     finally:
         load_spec.cache_clear()
@@ -121,7 +126,9 @@ def test_the_outside_family_runs(plugged, build_root, dtype):
         s = torch.randn(shape[:-1], dtype=dtype, device="cuda")
         want = spec.reference(x, s).to(dtype)
         torch.testing.assert_close(kernel(x, s), want, rtol=0, atol=0)  # one fp32 product, rounded once
-        wide = torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype, device="cuda")[..., ::2]  # strided: copied
+        wide = torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype, device="cuda")[
+            ..., ::2
+        ]  # strided: copied
         torch.testing.assert_close(kernel(wide, s), spec.reference(wide, s).to(dtype), rtol=0, atol=0)
     with pytest.raises(ValueError, match="scale_rows: s must have x's leading dims"):
         kernel(torch.ones(2, 3, device="cuda", dtype=dtype), torch.ones(3, device="cuda", dtype=dtype))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import re
 import stat
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import kgen.builder as builder
 import kgen.project as project_module
@@ -23,8 +23,11 @@ KERNEL_NAME = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")  # kernel-builder's gener
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "build" not in p.relative_to(root).parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "build" not in p.relative_to(root).parts
+    }
 
 
 def test_generated_matches_a_fresh_build(tmp_path):
@@ -72,8 +75,13 @@ def test_hub_rules(target):
     assert KERNEL_NAME.match(target.kernel_name)
     config = tomllib.loads(files["build.toml"])
     general = config["general"]
-    assert general == {"name": target.kernel_name, "version": 1, "edition": 5, "license": "apache-2.0",
-                       "backends": ["cuda"]}
+    assert general == {
+        "name": target.kernel_name,
+        "version": 1,
+        "edition": 5,
+        "license": "apache-2.0",
+        "backends": ["cuda"],
+    }
     assert set(config["torch"]["src"]) <= set(files)
     (kernel,) = config["kernel"].values()
     assert set(kernel) == {"backend", "src", "depends", "cuda-capabilities"}
@@ -107,8 +115,11 @@ def check_python_rules(source: str, python_name: str) -> None:
             first = node.args[0]
             assert isinstance(first, ast.Call) and ast.unparse(first.func) == "add_op_namespace_prefix"
         if isinstance(node, ast.ClassDef):  # `kernels` layer rules
-            members = {n.name if isinstance(n, ast.FunctionDef) else ast.unparse(n.target)
-                       for n in node.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+            members = {
+                n.name if isinstance(n, ast.FunctionDef) else ast.unparse(n.target)
+                for n in node.body
+                if isinstance(n, (ast.FunctionDef, ast.AnnAssign))
+            }
             assert members == {"forward", "can_torch_compile", "has_backward"}, members
 
 
@@ -123,7 +134,8 @@ def test_concurrent_writers_do_not_corrupt(tmp_path):
 
 
 def test_folders_get_the_permissions_of_a_plain_mkdir(tmp_path):
-    """Projects and their folders are created like `mkdir` would (the umask's), not private to their writer."""
+    """Projects and their folders are created like `mkdir` would (the umask's), not private to their
+    writer."""
     project = write_project(TARGETS[0], tmp_path)
     probe = tmp_path / "probe"
     probe.mkdir()
@@ -139,13 +151,21 @@ def test_generated_python_has_no_constant_conditions():
             if path.endswith(".py"):
                 for node in ast.walk(ast.parse(text)):
                     if isinstance(node, (ast.If, ast.IfExp, ast.While)):
-                        assert not isinstance(node.test, ast.Constant), f"{target.kernel_name}/{path}: {ast.unparse(node.test)}"
+                        assert not isinstance(node.test, ast.Constant), (
+                            f"{target.kernel_name}/{path}: {ast.unparse(node.test)}"
+                        )
 
 
 def test_the_plan_is_written_once_per_project():
-    """The plan (every configuration and its reason) opens the .cu; the .h points to it instead of repeating it."""
+    """The plan (every configuration and its reason) opens the .cu; the .h points to it instead of
+    repeating it."""
     for target in TARGETS[:: len(arch_names())]:
         files = render_target(target)
-        plan_line = next(line for line in files[f"{target.op}_cuda/{target.op}.cu"].splitlines() if "vector path" in line)
+        plan_line = next(
+            line for line in files[f"{target.op}_cuda/{target.op}.cu"].splitlines() if "vector path" in line
+        )
         assert sum(plan_line in text for path, text in files.items() if path.endswith((".cu", ".h"))) == 1
-        assert f"The plan and the rule behind each choice: {target.op}.cu." in files[f"{target.op}_cuda/{target.op}.h"]
+        assert (
+            f"The plan and the rule behind each choice: {target.op}.cu."
+            in files[f"{target.op}_cuda/{target.op}.h"]
+        )

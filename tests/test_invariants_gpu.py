@@ -13,23 +13,33 @@ pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def within_ulps(got: torch.Tensor, want: torch.Tensor, ulps: float, hidden: int | None = None) -> None:
     """|got - want| <= ulps ulp of the dtype, plus the fp32 sum over the row (8·sqrt(hidden)·2^-24)."""
     assert got.shape == want.shape and got.dtype == want.dtype
     hidden = hidden or got.shape[-1]
-    tolerance = (ulps * ULP[got.dtype] + 8 * hidden**0.5 * 2.0**-24) * want.double().abs() \
-        + ulps * torch.finfo(got.dtype).smallest_normal * ULP[got.dtype]  # subnormal results have fixed spacing
+    tolerance = (
+        ulps * ULP[got.dtype] + 8 * hidden**0.5 * 2.0**-24
+    ) * want.double().abs() + ulps * torch.finfo(got.dtype).smallest_normal * ULP[
+        got.dtype
+    ]  # subnormal results have fixed spacing
     bad = (got.double() - want.double()).abs() > tolerance
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} elements differ by more than {ulps} ulp"
 
 
 @SETTINGS
-@given(rows=st.integers(1, 300), hidden=st.sampled_from([1, 7, 128, 1000, 2048, 5120, 16384]),
-       dtype=st.sampled_from(DTYPES), exponent=st.integers(-8, 8), factor=st.floats(1e-3, 1e3),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    rows=st.integers(1, 300),
+    hidden=st.sampled_from([1, 7, 128, 1000, 2048, 5120, 16384]),
+    dtype=st.sampled_from(DTYPES),
+    exponent=st.integers(-8, 8),
+    factor=st.floats(1e-3, 1e3),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_rmsnorm_is_scale_invariant(built, rows, hidden, dtype, exponent, factor, seed):
     """rmsnorm(a·x) = rmsnorm(x) for a > 0: bitwise for a power of two that scales every element
     exactly (none becomes subnormal), within the roundings of a·x and of the output otherwise."""
@@ -69,7 +79,9 @@ def test_adaln_with_zero_modulation_is_the_norm(built, dtype, shape):
         within_ulps(out, fused, 1)
         # a gate of ones is no gate
         ones = torch.ones_like(zero)
-        out_gated, r_gated = built("residual_adaln_rmsnorm")[1].residual_adaln_rmsnorm(x, h, zero, zero, ones, weight)
+        out_gated, r_gated = built("residual_adaln_rmsnorm")[1].residual_adaln_rmsnorm(
+            x, h, zero, zero, ones, weight
+        )
         assert torch.equal(r_gated, residual) and torch.equal(out_gated, out)
 
 
@@ -85,5 +97,7 @@ def test_per_batch_modulation_is_the_per_token_one_broadcast(built, dtype):
     adaln = built("adaln_rmsnorm")[1].adaln_rmsnorm
     for convention in ("single_rounding", "diffusers"):
         got = adaln(x, scale, shift, convention=convention)
-        want = adaln(x, scale.expand(b, s, c).contiguous(), shift.expand(b, s, c).contiguous(), convention=convention)
+        want = adaln(
+            x, scale.expand(b, s, c).contiguous(), shift.expand(b, s, c).contiguous(), convention=convention
+        )
         assert torch.equal(got, want)

@@ -31,19 +31,24 @@ def roundings(op: str, convention: str, output: str) -> int:
     """Roundings to the I/O dtype on the way to an output: the final store plus each to_io_dtype."""
     structure = load_spec(op).structure
     conv = next(c for c in structure.conventions if c.name == convention)
-    prologue = getattr(structure, "prologue", {}) | conv.prologue  # r rounded once more than the reference may
+    prologue = (
+        getattr(structure, "prologue", {}) | conv.prologue
+    )  # r rounded once more than the reference may
     exprs = [conv.outputs[output], *prologue.values()]
     return 1 + sum(1 for e in exprs for _ in sp.preorder_traversal(e) if isinstance(_, to_io_dtype))
 
 
 def make_inputs(op, shape, dtype, gen, magnitude=1.0, present=None, per_batch=False):
-    return example_inputs(load_spec(op), shape, dtype, generator=gen, magnitude=magnitude, present=present,
-                          per_batch=per_batch)
+    return example_inputs(
+        load_spec(op), shape, dtype, generator=gen, magnitude=magnitude, present=present, per_batch=per_batch
+    )
 
 
 def reference(op, inputs, params, convention):
     spec = load_spec(op)
-    kwargs = {"convention": convention} if "convention" in inspect.signature(spec.reference).parameters else {}
+    kwargs = (
+        {"convention": convention} if "convention" in inspect.signature(spec.reference).parameters else {}
+    )
     return spec.reference(*inputs, *params, **kwargs)
 
 
@@ -61,7 +66,9 @@ def check(op, outs, inputs, params, convention):
     for out, ref, mag, tensor in zip(outs, expected, magnitude, spec.outputs):
         assert out.shape == ref.shape and out.dtype == x.dtype and out.device == x.device
         # NaN only where the reference has one (overflow to inf, inf·0): poisoned elements show here
-        assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{tensor.name}: unwritten (poisoned) or stray NaN"
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), (
+            f"{tensor.name}: unwritten (poisoned) or stray NaN"
+        )
         hidden = out.shape[-1]
         ulp = 2.0 ** -MANTISSA_BITS[x.dtype]
         rel = roundings(op, convention, tensor.name) * ulp + 8 * math.sqrt(hidden) * 2.0**-24
@@ -69,8 +76,11 @@ def check(op, outs, inputs, params, convention):
         mag = mag.abs().reshape(-1, hidden)
         # plus the dtype's subnormal spacing for each rounding (fp16 results below 6e-5 are subnormal)
         subnormal = torch.finfo(x.dtype).smallest_normal * ulp
-        bound = rel * want.abs() + 4 * rel * torch.where(torch.isfinite(mag), mag, 0) \
+        bound = (
+            rel * want.abs()
+            + 4 * rel * torch.where(torch.isfinite(mag), mag, 0)
             + roundings(op, convention, tensor.name) * subnormal
+        )
         if spec.structure.kind == "row_reduce":
             # Per row: rel times the row's largest value times how much subtracting the row mean
             # cancels (layernorm's x - mean loses digits in fp32, as torch's own fp32 math does;
@@ -87,9 +97,11 @@ def check(op, outs, inputs, params, convention):
         ok = same | ((got - want).abs() <= bound)
         if not ok.all():
             worst = ((got - want).abs() / bound).nan_to_num(float("inf")).argmax()
-            raise AssertionError(f"{op} {tensor.name} {convention}: {int((~ok).sum())} of {ok.numel()} elements "
-                                 f"off; worst got {got.flatten()[worst].item()!r}, want {want.flatten()[worst].item()!r}, "
-                                 f"allowed ±{bound.flatten()[worst].item():.3g}")
+            raise AssertionError(
+                f"{op} {tensor.name} {convention}: {int((~ok).sum())} of {ok.numel()} elements "
+                f"off; worst got {got.flatten()[worst].item()!r}, want {want.flatten()[worst].item()!r}, "
+                f"allowed ±{bound.flatten()[worst].item():.3g}"
+            )
 
 
 def poison_allocator(numel: int, dtype: torch.dtype, outputs: int) -> None:
@@ -104,8 +116,11 @@ def kernels_by_op(built):
 
 
 hidden_sizes = st.one_of(
-    st.integers(1, 64), st.integers(65, 9000), st.sampled_from([127, 128, 2048, 4095, 4096, 5120, 8192, 16384]),
-    st.integers(9000, 65536))
+    st.integers(1, 64),
+    st.integers(65, 9000),
+    st.sampled_from([127, 128, 2048, 4095, 4096, 5120, 8192, 16384]),
+    st.integers(9000, 65536),
+)
 
 
 @st.composite
@@ -119,13 +134,17 @@ def cases(draw):
     if lead == "3d":
         first = draw(st.sampled_from([d for d in (1, 2, 3, 4) if rows % d == 0]))
         shape = (first, rows // first, hidden)
-    return dict(op=op, shape=shape, dtype=draw(st.sampled_from(DTYPES)),
-                params=[draw(st.sampled_from([p.default, 1e-12, 0.1])) for p in spec.params],
-                present={t.name: draw(st.booleans()) for t in spec.inputs if t.optional},
-                magnitude=draw(st.sampled_from([1e-3, 1.0, 30.0, 1e4])),
-                per_batch=draw(st.booleans()) if any(t.broadcast for t in spec.inputs) else False,
-                convention=draw(st.sampled_from([c.name for c in spec.structure.conventions])),
-                seed=draw(st.integers(0, 2**31 - 1)))
+    return dict(
+        op=op,
+        shape=shape,
+        dtype=draw(st.sampled_from(DTYPES)),
+        params=[draw(st.sampled_from([p.default, 1e-12, 0.1])) for p in spec.params],
+        present={t.name: draw(st.booleans()) for t in spec.inputs if t.optional},
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 30.0, 1e4])),
+        per_batch=draw(st.booleans()) if any(t.broadcast for t in spec.inputs) else False,
+        convention=draw(st.sampled_from([c.name for c in spec.structure.conventions])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -133,7 +152,9 @@ def cases(draw):
 def test_matches_float64_reference(kernels_by_op, case):
     op = case["op"]
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
-    inputs = make_inputs(op, case["shape"], case["dtype"], gen, case["magnitude"], case["present"], case["per_batch"])
+    inputs = make_inputs(
+        op, case["shape"], case["dtype"], gen, case["magnitude"], case["present"], case["per_batch"]
+    )
     poison_allocator(inputs[0].numel(), case["dtype"], len(load_spec(op).outputs))
     outs = kernels_by_op[op](*inputs, *case["params"], convention=case["convention"])
     check(op, outs, inputs, case["params"], case["convention"])
@@ -154,7 +175,9 @@ def test_edge_hidden_sizes(kernels_by_op, op, dtype, hidden):
 
 LAYOUTS = {  # (dtype, generator) -> a [64, 4096] view
     "row-strided": lambda d, g: torch.randn(64, 4104, generator=g, device="cuda").to(d)[:, :4096],  # no copy
-    "misaligned": lambda d, g: torch.randn(64 * 4096 + 1, generator=g, device="cuda").to(d)[1:].view(64, 4096),
+    "misaligned": lambda d, g: (
+        torch.randn(64 * 4096 + 1, generator=g, device="cuda").to(d)[1:].view(64, 4096)
+    ),
     "transposed": lambda d, g: torch.randn(4096, 64, generator=g, device="cuda").to(d).t(),  # copied
 }
 
@@ -165,8 +188,12 @@ LAYOUTS = {  # (dtype, generator) -> a [64, 4096] view
 def test_strided_and_misaligned_views(kernels_by_op, op, dtype, layout):
     spec = load_spec(op)
     gen = torch.Generator(device="cuda").manual_seed(7)
-    inputs = [LAYOUTS[layout](dtype, gen) if t.per_row else torch.randn(4096, generator=gen, device="cuda").to(dtype)
-              for t in spec.inputs]  # a packed input's halves are 2048 wide
+    inputs = [
+        LAYOUTS[layout](dtype, gen)
+        if t.per_row
+        else torch.randn(4096, generator=gen, device="cuda").to(dtype)
+        for t in spec.inputs
+    ]  # a packed input's halves are 2048 wide
     assert (inputs[0].data_ptr() % 16 != 0) == (layout == "misaligned")
     assert (inputs[0].stride(0) == 4104) == (layout == "row-strided")
     params = [p.default for p in spec.params]
@@ -176,7 +203,9 @@ def test_strided_and_misaligned_views(kernels_by_op, op, dtype, layout):
 @pytest.mark.parametrize("op", OPS)
 def test_empty_input(kernels_by_op, op):
     spec = load_spec(op)
-    inputs = [torch.randn(tensor_shape(spec, t, (0, 4096)), device="cuda", dtype=torch.float16) for t in spec.inputs]
+    inputs = [
+        torch.randn(tensor_shape(spec, t, (0, 4096)), device="cuda", dtype=torch.float16) for t in spec.inputs
+    ]
     outs = kernels_by_op[op](*inputs)
     for out in (outs,) if isinstance(outs, torch.Tensor) else outs:
         assert out.shape == (0, 4096)
@@ -196,7 +225,9 @@ def test_opcheck_every_convention(built, op):
                 inputs = make_inputs(op, (5, 7, 256), dtype, gen, per_batch=True)
                 torch.library.opcheck(op_overload, (*inputs, *[p.default for p in spec.params]))
             if any(t.optional for t in spec.inputs):
-                absent = make_inputs(op, (5, 7, 256), dtype, gen, present={t.name: False for t in spec.inputs})
+                absent = make_inputs(
+                    op, (5, 7, 256), dtype, gen, present={t.name: False for t in spec.inputs}
+                )
                 torch.library.opcheck(op_overload, (*absent, *[p.default for p in spec.params]))
 
 
@@ -226,12 +257,22 @@ def test_the_generated_project_runs_its_own_test_and_benchmark(built, op):
 
     project, _ = built(op)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
-                           capture_output=True, text=True, env=env, cwd=project)
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+    )
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
     assert " passed" in tests.stdout and "skipped" not in tests.stdout.splitlines()[-1]
-    bench = subprocess.run([sys.executable, str(project / "benchmarks" / f"benchmark_{op}.py")],
-                           capture_output=True, text=True, env=env, cwd=project)
+    bench = subprocess.run(
+        [sys.executable, str(project / "benchmarks" / f"benchmark_{op}.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+    )
     assert bench.returncode == 0 and "GB/s" in bench.stdout, bench.stdout[-2000:] + bench.stderr[-2000:]
 
 
@@ -259,10 +300,18 @@ def test_inplace_form(built, op, dtype):
         for out, t in zip(expected, spec.outputs):
             if t.name in spec.inplace:
                 assert torch.equal(inputs[names.index(spec.inplace[t.name])], out)
-        overload = getattr(module._ops.ops, f"{op}_" if convention == spec.default_convention else f"{op}_{convention}_")
+        overload = getattr(
+            module._ops.ops, f"{op}_" if convention == spec.default_convention else f"{op}_{convention}_"
+        )
         torch.library.opcheck(overload, (*make_inputs(op, (3, 50, 1000), dtype, gen), *params))
-    target = spec.inplace[spec.outputs[-1].name] if spec.outputs[-1].name in spec.inplace else next(iter(spec.inplace.values()))
+    target = (
+        spec.inplace[spec.outputs[-1].name]
+        if spec.outputs[-1].name in spec.inplace
+        else next(iter(spec.inplace.values()))
+    )
     inputs = make_inputs(op, (64, 256), dtype, gen)
-    inputs[names.index(target)] = inputs[names.index(target)].t().contiguous().t()  # column-major: not a row view
+    inputs[names.index(target)] = (
+        inputs[names.index(target)].t().contiguous().t()
+    )  # column-major: not a row view
     with pytest.raises(ValueError, match=f"{op}_: {target} is updated in place, so it must be viewable"):
         getattr(module, f"{op}_")(*inputs, *params)

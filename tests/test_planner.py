@@ -37,20 +37,28 @@ TABLE = [
 def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reduction):
     plan = plan_launch(SPEC, load_profile(arch), dtype, rows=100_000, hidden=hidden)
     b = plan.bucket
-    got = (b.elems_per_access * DTYPE_BYTES[dtype], b.threads_per_row, b.rows_per_block, b.storage,
-           reduction_of(b, plan.kernel.warp_size))
+    got = (
+        b.elems_per_access * DTYPE_BYTES[dtype],
+        b.threads_per_row,
+        b.rows_per_block,
+        b.storage,
+        reduction_of(b, plan.kernel.warp_size),
+    )
     assert got == (access, threads, rows, storage, reduction)
     assert plan.grid == -(-100_000 // rows) and plan.widened is None
     assert plan.shared_bytes == (hidden * DTYPE_BYTES[dtype] if storage == "shared" else 0)
     assert all(b.reasons.get(k) for k in ("threads_per_row", "rows_per_block", "storage"))
 
 
-@pytest.mark.parametrize("rows,hidden,threads,grid", [
-    (64, 4096, 512, 64),      # decode: 32 blocks of 128-thread rows would idle most SMs
-    (1024, 2048, 128, 512),   # 256 blocks of 64-thread rows are under 2 per SM
-    (8192, 2048, 64, 2048),   # enough rows: the ladder's choice stands
-    (3, 16, 8, 1),            # a wider configuration would leave threads without an access
-])
+@pytest.mark.parametrize(
+    "rows,hidden,threads,grid",
+    [
+        (64, 4096, 512, 64),  # decode: 32 blocks of 128-thread rows would idle most SMs
+        (1024, 2048, 128, 512),  # 256 blocks of 64-thread rows are under 2 per SM
+        (8192, 2048, 64, 2048),  # enough rows: the ladder's choice stands
+        (3, 16, 8, 1),  # a wider configuration would leave threads without an access
+    ],
+)
 def test_grid_fill_widens_rows(rows, hidden, threads, grid):
     plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=rows, hidden=hidden)
     assert (plan.bucket.threads_per_row, plan.grid) == (threads, grid)
@@ -91,7 +99,9 @@ def test_every_configuration_fits_its_profile(arch):
 
 
 def test_bf16_refused_on_turing():
-    with pytest.raises(KgenError, match=r"sm_75 \(Tesla T4\) has no bfloat16 arithmetic .*supported dtypes: float32, float16"):
+    with pytest.raises(
+        KgenError, match=r"sm_75 \(Tesla T4\) has no bfloat16 arithmetic .*supported dtypes: float32, float16"
+    ):
         plan_kernel(SPEC, load_profile("sm_75"), "bfloat16")
 
 

@@ -39,22 +39,40 @@ def arch_dir(tmp_path, monkeypatch):
 
 
 # (text in sm_90.toml, its replacement) -> what the message must say
-@pytest.mark.parametrize("old,new,fragment", [
-    ("sm_count = 132", "", "ArchProfile.sm_count: Field required"),
-    ("sm_count = 132", "sm_count = -1", "ArchProfile.sm_count: Input should be greater than 0"),
-    ("bf16 = true", 'bf16 = "maybe"', "ArchProfile.bf16: Input should be a valid boolean"),
-    ('compute_capability = "9.0"', 'compute_capability = "8.0"', "does not match compute_capability '8.0'"),
-    ("threads = 16 }", "threads = 24 }", "threads must be a power of two, got 24"),
-    ("max_row_bytes = 256,", "max_row_bytes = 64,", "max_row_bytes must increase step by step"),
-    ("min_blocks_per_sm = 2", "min_blocks_per_sm = 0",
-     "ArchProfile.planner.row_reduce.min_blocks_per_sm: Input should be greater than or equal to 1"),
-    ("l2_bytes", "l2_size", "ArchProfile.l2_size: Extra inputs are not permitted"),
-    ("max_access_bytes = 16", "", "ArchProfile.max_access_bytes: Field required"),
-    ("[planner.rotary]", "[planner.rotray]", "[planner.rotray]: no structure family is named 'rotray'"),
-    ("heads_in_flight = { half = 1, interleaved = 2 }", "", "ArchProfile.planner.rotary.heads_in_flight: Field required"),
-    ("row_register_bytes_per_thread = 128", "row_register_bytes_per_thread = 512",
-     "row_register_bytes_per_thread: 512 B is more than half the 128 registers a thread of a 512-thread block may hold"),
-])
+@pytest.mark.parametrize(
+    "old,new,fragment",
+    [
+        ("sm_count = 132", "", "ArchProfile.sm_count: Field required"),
+        ("sm_count = 132", "sm_count = -1", "ArchProfile.sm_count: Input should be greater than 0"),
+        ("bf16 = true", 'bf16 = "maybe"', "ArchProfile.bf16: Input should be a valid boolean"),
+        (
+            'compute_capability = "9.0"',
+            'compute_capability = "8.0"',
+            "does not match compute_capability '8.0'",
+        ),
+        ("threads = 16 }", "threads = 24 }", "threads must be a power of two, got 24"),
+        ("max_row_bytes = 256,", "max_row_bytes = 64,", "max_row_bytes must increase step by step"),
+        (
+            "min_blocks_per_sm = 2",
+            "min_blocks_per_sm = 0",
+            "ArchProfile.planner.row_reduce.min_blocks_per_sm: Input should be greater than or equal to 1",
+        ),
+        ("l2_bytes", "l2_size", "ArchProfile.l2_size: Extra inputs are not permitted"),
+        ("max_access_bytes = 16", "", "ArchProfile.max_access_bytes: Field required"),
+        ("[planner.rotary]", "[planner.rotray]", "[planner.rotray]: no structure family is named 'rotray'"),
+        (
+            "heads_in_flight = { half = 1, interleaved = 2 }",
+            "",
+            "ArchProfile.planner.rotary.heads_in_flight: Field required",
+        ),
+        (
+            "row_register_bytes_per_thread = 128",
+            "row_register_bytes_per_thread = 512",
+            "row_register_bytes_per_thread: 512 B is more than half the 128 registers a thread of a "
+            "512-thread block may hold",
+        ),
+    ],
+)
 def test_bad_profile_message(arch_dir, old, new, fragment):
     folder, text = arch_dir
     assert old in text

@@ -28,11 +28,20 @@ def test_bitwise_agreement_with_libraries(rmsnorm_kernel, dtype, record_property
     ours_single = rmsnorm_kernel.rmsnorm(x, weight, 1e-6)
     equal_hf = (ours_hf == hf).double().mean().item()
     equal_torch = (ours_single == torch_fused).double().mean().item()
-    max_ulps_hf = ((ours_hf.float() - hf.float()).abs() / (hf.float().abs() * 2.0 ** -MANTISSA_BITS[dtype]).clamp_min(1e-30)).max().item()
+    max_ulps_hf = (
+        (
+            (ours_hf.float() - hf.float()).abs()
+            / (hf.float().abs() * 2.0 ** -MANTISSA_BITS[dtype]).clamp_min(1e-30)
+        )
+        .max()
+        .item()
+    )
     record_property("bitwise_equal_transformers", equal_hf)
     record_property("bitwise_equal_f_rms_norm", equal_torch)
-    print(f"{dtype}: bitwise equal to transformers {equal_hf:.6f} (max {max_ulps_hf:.1f} ulp), "
-          f"to F.rms_norm {equal_torch:.6f}")
+    print(
+        f"{dtype}: bitwise equal to transformers {equal_hf:.6f} (max {max_ulps_hf:.1f} ulp), "
+        f"to F.rms_norm {equal_torch:.6f}"
+    )
     assert equal_hf > 0.99 and equal_torch > 0.98
 
 
@@ -41,7 +50,11 @@ def test_errors_name_the_argument(rmsnorm_kernel):
     cases = [
         (lambda: rmsnorm_kernel.rmsnorm(x.cpu()), ValueError, "x must be a CUDA tensor"),
         (lambda: rmsnorm_kernel.rmsnorm(x, torch.ones(64, device="cuda")), TypeError, "weight has dtype"),
-        (lambda: rmsnorm_kernel.rmsnorm(x, torch.ones(63, device="cuda", dtype=x.dtype)), ValueError, "weight must have shape [64]"),
+        (
+            lambda: rmsnorm_kernel.rmsnorm(x, torch.ones(63, device="cuda", dtype=x.dtype)),
+            ValueError,
+            "weight must have shape [64]",
+        ),
         (lambda: rmsnorm_kernel.rmsnorm(x, None, 0.0), ValueError, "eps must be a finite number > 0"),
         (lambda: rmsnorm_kernel.rmsnorm(x.double()), TypeError, "x has dtype Double"),
         (lambda: rmsnorm_kernel.rmsnorm(x, convention="fast"), ValueError, "convention must be one of"),

@@ -51,21 +51,30 @@ def check(op, outs, inputs, params, convention):
     kwargs = {"convention": convention} if len(spec.structure.conventions) > 1 else {}
     expected = spec.reference(*inputs, *params, **kwargs)
     outs, expected = (outs, expected) if isinstance(outs, tuple) else ((outs,), (expected,))
-    rotated = [t for t, spec_t in zip(inputs, spec.inputs) if t is not None and not spec_t.coordinates][: len(outs)]
+    rotated = [t for t, spec_t in zip(inputs, spec.inputs) if t is not None and not spec_t.coordinates][
+        : len(outs)
+    ]
     roundings = 3 if convention == "transformers" else 1
     for out, want, x in zip(outs, expected, rotated):
         assert out.shape == x.shape and out.dtype == x.dtype
         cos, sin = tables(op, x, inputs, params)
         # the size of the two products that cancel, each rounded in fp32 (and in the dtype by transformers)
-        magnitude = x.double().abs() * cos.abs() + partner(x.double(), spec.structure.pairing).abs() * sin.abs()
+        magnitude = (
+            x.double().abs() * cos.abs() + partner(x.double(), spec.structure.pairing).abs() * sin.abs()
+        )
         ulp = ULP[x.dtype]
-        bound = roundings * ulp * want.abs() + (roundings * ulp + 4 * 2.0**-24) * magnitude \
+        bound = (
+            roundings * ulp * want.abs()
+            + (roundings * ulp + 4 * 2.0**-24) * magnitude
             + roundings * torch.finfo(x.dtype).smallest_normal * ulp
+        )
         bad = (out.double() - want).abs() > bound
         if bad.any():
             i = bad.flatten().nonzero()[0].item()
-            raise AssertionError(f"{op} {convention}: {int(bad.sum())} of {bad.numel()} off; e.g. got "
-                                 f"{out.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}")
+            raise AssertionError(
+                f"{op} {convention}: {int(bad.sum())} of {bad.numel()} off; e.g. got "
+                f"{out.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}"
+            )
 
 
 @st.composite
@@ -83,17 +92,35 @@ def cases(draw):
         shape = (draw(st.integers(1, 3)), grid[0] * grid[1] * grid[2], hidden)
         params[:3] = grid
         if draw(st.booleans()):  # other LTX settings: theta, frame rate, patch sizes
-            params[3:] = [draw(st.sampled_from([10000.0, 500.0])), 20.0, 2048.0, 2048.0,
-                          draw(st.sampled_from([8 / 25, 8 / 24, 1.0])), 32.0, 32.0, 1.0, 2.0]
+            params[3:] = [
+                draw(st.sampled_from([10000.0, 500.0])),
+                20.0,
+                2048.0,
+                2048.0,
+                draw(st.sampled_from([8 / 25, 8 / 24, 1.0])),
+                32.0,
+                32.0,
+                1.0,
+                2.0,
+            ]
     else:
         layout = draw(st.sampled_from(["bhtd", "bsc", "td"]))
         b, t = draw(st.integers(1, 3)), draw(st.integers(1, 200))
-        shape = {"bhtd": (b, draw(st.integers(1, 8)), t, hidden), "bsc": (b, t, hidden), "td": (t, hidden)}[layout]
+        shape = {"bhtd": (b, draw(st.integers(1, 8)), t, hidden), "bsc": (b, t, hidden), "td": (t, hidden)}[
+            layout
+        ]
         k_heads = draw(st.integers(1, 8))
-    return dict(op=op, dtype=dtype, shape=shape, params=params, k_heads=k_heads,
-                per_batch=draw(st.booleans()), magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
-                convention=draw(st.sampled_from([c.name for c in spec.structure.conventions])),
-                seed=draw(st.integers(0, 2**31 - 1)))
+    return dict(
+        op=op,
+        dtype=dtype,
+        shape=shape,
+        params=params,
+        k_heads=k_heads,
+        per_batch=draw(st.booleans()),
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
+        convention=draw(st.sampled_from([c.name for c in spec.structure.conventions])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -101,8 +128,15 @@ def cases(draw):
 def test_matches_reference(ops, case):
     op, spec = case["op"], load_spec(case["op"])
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
-    inputs = example_inputs(spec, case["shape"], case["dtype"], per_batch=case["per_batch"], k_heads=case["k_heads"],
-                            generator=gen, magnitude=case["magnitude"])
+    inputs = example_inputs(
+        spec,
+        case["shape"],
+        case["dtype"],
+        per_batch=case["per_batch"],
+        k_heads=case["k_heads"],
+        generator=gen,
+        magnitude=case["magnitude"],
+    )
     for t, tensor in zip(inputs, spec.inputs):  # tables are cos/sin-sized, coordinates up to 2048
         if tensor.name in ("cos", "sin"):
             t.div_(case["magnitude"])
@@ -121,7 +155,7 @@ def test_transformers_layouts_in_place(ops, dtype):
     q = torch.randn(b, t, hq * d, generator=gen, device="cuda").to(dtype).view(b, t, hq, d).transpose(1, 2)
     k = torch.randn(b, t, hk * d, generator=gen, device="cuda").to(dtype).view(b, t, hk, d).transpose(1, 2)
     cos_cache = torch.randn(b, 200, d, generator=gen, device="cuda").to(dtype)
-    cos, sin = cos_cache[:, 10:10 + t], cos_cache.flip(-1)[:, :t]
+    cos, sin = cos_cache[:, 10 : 10 + t], cos_cache.flip(-1)[:, :t]
     check("rope", ops["rope"](q, k, cos, sin), [q, k, cos, sin], [], "single_rounding")
     raw = torch.randn(b * hq * t * d + 1, generator=gen, device="cuda").to(dtype)
     misaligned = raw[1:].view(b, hq, t, d)
@@ -161,7 +195,9 @@ def test_rope3d_in_kernel_angles_equal_the_table_form(ops, record_property, dtyp
     q_out, k_out = ops["rope3d_qk"](x, x.flip(0), *grid)  # q and k in one launch: the same angles
     assert torch.equal(q_out, in_kernel) and torch.equal(k_out, ops["rope3d"](x.flip(0), *grid))
     # the same grid given as video_coords (f·8/25, h·32, w·32 per token, as LTX-Video's pipeline makes them)
-    f, h, w = torch.meshgrid(*(torch.arange(n, dtype=torch.float32, device="cuda") for n in grid), indexing="ij")
+    f, h, w = torch.meshgrid(
+        *(torch.arange(n, dtype=torch.float32, device="cuda") for n in grid), indexing="ij"
+    )
     coords = torch.stack([f * (8 / 25) * 1.0, h * 32.0 * 1.0, w * 32.0 * 1.0]).flatten(1).expand(2, 3, tokens)
     assert torch.equal(ops["rope3d_coords"](x, coords), in_kernel)
 
@@ -172,11 +208,20 @@ def test_rope3d_angles_match_diffusers(ops, record_property, tokens, channels):
     ...]) against the tables of diffusers' LTXVideoRotaryPosEmbed itself."""
     diffusers_ltx = pytest.importorskip("diffusers.models.transformers.transformer_ltx")
     grid = LTX_GRIDS[tokens]
-    embed = diffusers_ltx.LTXVideoRotaryPosEmbed(dim=channels, base_num_frames=20, base_height=2048, base_width=2048,
-                                                 patch_size=1, patch_size_t=1, theta=10000.0)
+    embed = diffusers_ltx.LTXVideoRotaryPosEmbed(
+        dim=channels,
+        base_num_frames=20,
+        base_height=2048,
+        base_width=2048,
+        patch_size=1,
+        patch_size_t=1,
+        theta=10000.0,
+    )
     x = torch.zeros(2, tokens, channels, device="cuda")
     want_cos, want_sin = embed(x, *grid, rope_interpolation_scale=(8 / 25, 32, 32))
-    coords = torch.rand(2, 3, tokens, device="cuda") * torch.tensor([20.0, 2048, 2048], device="cuda")[:, None]
+    coords = (
+        torch.rand(2, 3, tokens, device="cuda") * torch.tensor([20.0, 2048, 2048], device="cuda")[:, None]
+    )
     coords_cos, coords_sin = embed(x, video_coords=coords)
     x[..., 0::2] = 1.0
     from_coords = ops["rope3d_coords"](x, coords)
@@ -202,11 +247,16 @@ def test_argument_errors(ops):
     with pytest.raises(ValueError, match=r"rope: cos must have shape \[B or 1, T, D\] = \[2 or 1, 10, 64\]"):
         ops["rope"](x, x, cos[:, :9], cos)
     with pytest.raises(ValueError, match=r"last dim holds pairs and must be even"):
-        ops["rope_apply"](torch.randn(2, 5, 7, device="cuda"), torch.randn(2, 5, 7, device="cuda"),
-                          torch.randn(2, 5, 7, device="cuda"))
+        ops["rope_apply"](
+            torch.randn(2, 5, 7, device="cuda"),
+            torch.randn(2, 5, 7, device="cuda"),
+            torch.randn(2, 5, 7, device="cuda"),
+        )
     with pytest.raises(TypeError, match=r"rope_apply: cos must be float32"):
         ops["rope_apply"](x[:, 0], cos, cos.float())
-    with pytest.raises(ValueError, match=r"rope3d: x has 10 tokens per batch but frames·height·width = 2·3·4"):
+    with pytest.raises(
+        ValueError, match=r"rope3d: x has 10 tokens per batch but frames·height·width = 2·3·4"
+    ):
         ops["rope3d"](x[:, 0], 2, 3, 4)
     with pytest.raises(ValueError, match=r"rope3d: frames must be an integer > 0, got 0"):
         ops["rope3d"](x[:, 0], 0, 3, 4)
@@ -268,5 +318,7 @@ def test_rope_in_place(built, ops, dtype):
         assert module.rope_(q2, k2, cos, sin, convention=convention) is None
         assert torch.equal(q2, want_q) and torch.equal(k2, want_k)
     torch.library.opcheck(module._ops.ops.rope_, (q.clone(), k.clone(), cos, sin))
-    with pytest.raises(ValueError, match="rope_: x is rotated in place, so its last dim must have unit stride"):
+    with pytest.raises(
+        ValueError, match="rope_: x is rotated in place, so its last dim must have unit stride"
+    ):
         module.rope_(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, cos, sin)

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kgen.builder import NVCC_FLAGS, _run, compile_kernel, find_nvcc, gencode, parse_ptxas
+from kgen.builder import NVCC_FLAGS, _run, compile_kernel, find_nvcc, gencode, parse_ptxas, write_project
 from kgen.catalog import load_profile, load_spec, op_names
-from kgen.builder import write_project
 from kgen.project import resolve_target
 
 ARCH = "sm_90"
@@ -34,20 +33,26 @@ PAYNE_HANEK_BYTES, PAYNE_HANEK_FRAME = 28, 32
 # ---------------------------------------------------------------------------------------------
 # Parsers: kernel templates of the .cu, functions of a PTX or SASS listing, their memory accesses.
 # ---------------------------------------------------------------------------------------------
-KERNEL_TEMPLATE = re.compile(r"template <([^>]*)>\s*(?://[^\n]*\s*)*__global__\s+void\s+"
-                             r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(")
+KERNEL_TEMPLATE = re.compile(
+    r"template <([^>]*)>\s*(?://[^\n]*\s*)*__global__\s+void\s+"
+    r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\("
+)
 PTX_FUNCTION = re.compile(r"^(?:\.visible\s+|\.weak\s+)?\.(entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)", re.M)
 PTX_GLOBAL = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld|st)\.global((?:\.[\w:]+)*)\s", re.M)
 PTX_LOCAL = re.compile(r"^\s*(?:@!?%\w+\s+)?((?:ld|st)\.local[\w.:]*)", re.M)
 PTX_DEPOT = re.compile(r"^\s*\.local\b[^;\[]*\[(\d+)\]", re.M)
 SASS_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
-SASS_OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M)
+SASS_OPCODE = re.compile(
+    r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M
+)
 SASS_WIDTHS = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}  # bytes by width suffix
 
 
 def kernel_templates(source: str) -> dict[str, list[str]]:
     """Each __global__ template of a .cu: its name and template parameter names, in order."""
-    return {m.group(2): [p.split()[-1] for p in m.group(1).split(",")] for m in KERNEL_TEMPLATE.finditer(source)}
+    return {
+        m.group(2): [p.split()[-1] for p in m.group(1).split(",")] for m in KERNEL_TEMPLATE.finditer(source)
+    }
 
 
 def template_args(demangled: str, kernel: str) -> list[str] | None:
@@ -73,13 +78,17 @@ def template_args(demangled: str, kernel: str) -> list[str] | None:
 def split_functions(listing: str, pattern: re.Pattern, entries_only: bool = False) -> dict[str, str]:
     """Function name -> its text, from one function header to the next."""
     heads = list(pattern.finditer(listing))
-    return {m.group(m.lastindex): listing[m.start():nxt.start() if nxt else len(listing)]
-            for m, nxt in zip(heads, heads[1:] + [None]) if not entries_only or m.group(1) == "entry"}
+    return {
+        m.group(m.lastindex): listing[m.start() : nxt.start() if nxt else len(listing)]
+        for m, nxt in zip(heads, heads[1:] + [None])
+        if not entries_only or m.group(1) == "entry"
+    }
 
 
 @dataclass
 class Accesses:
     """One function's global loads and stores by width (bytes -> count) and its local memory."""
+
     loads: dict[int, int]
     stores: dict[int, int]
     local: list[str]  # local-memory instructions (PTX: and depot declarations)
@@ -90,7 +99,9 @@ class Accesses:
         return sum(n for width, n in getattr(self, kind).items() if width >= 16)
 
     def summary(self) -> str:
-        fmt = lambda d: ", ".join(f"{n}×{w}B" for w, n in sorted(d.items())) or "none"
+        def fmt(d):
+            return ", ".join(f"{n}×{w}B" for w, n in sorted(d.items())) or "none"
+
         return f"loads {fmt(self.loads)}; stores {fmt(self.stores)}; local {len(self.local)}"
 
 
@@ -135,21 +146,28 @@ class Kernel:
     accesses: Accesses
 
 
-def classify(source: str, functions: dict[str, Accesses], names: dict[str, str] | None = None) -> list[Kernel]:
+def classify(
+    source: str, functions: dict[str, Accesses], names: dict[str, str] | None = None
+) -> list[Kernel]:
     """Each function of a listing as a kernel of the .cu's templates: its T, and whether its
     ELEMS elements per access make the 16-byte vector path. names: mangled -> demangled."""
     templates, kernels = kernel_templates(source), []
     assert templates, "no __global__ kernel template found in the .cu"
     for mangled, name in (names or demangle(list(functions))).items():
-        found = [(kernel, params, args) for kernel, params in templates.items()
-                 if (args := template_args(name, kernel)) and len(args) == len(params)]
+        found = [
+            (kernel, params, args)
+            for kernel, params in templates.items()
+            if (args := template_args(name, kernel)) and len(args) == len(params)
+        ]
         assert len(found) == 1, f"{name}: not one instantiation of {sorted(templates)}"
         kernel, params, args = found[0]
         values = dict(zip(params, args))
         dtype = values["T"]
         assert dtype in ELEM_BYTES, f"{name}: unknown element type {dtype}"
         short = re.sub(r"\w+::\(anonymous namespace\)::|\bkgen_\w+::", "", f"{kernel}<{', '.join(args)}>")
-        kernels.append(Kernel(short, dtype, int(values["ELEMS"]) * ELEM_BYTES[dtype] == 16, functions[mangled]))
+        kernels.append(
+            Kernel(short, dtype, int(values["ELEMS"]) * ELEM_BYTES[dtype] == 16, functions[mangled])
+        )
     return kernels
 
 
@@ -157,7 +175,9 @@ def classify(source: str, functions: dict[str, Accesses], names: dict[str, str] 
 # The checks, on one op's kernels; each message names the evidence, kernel and instruction.
 # ---------------------------------------------------------------------------------------------
 def vector_access_problems(kernels: list[Kernel], evidence: str) -> list[str]:
-    need = {"PTX": ("ld.global.v4 (16 B)", "st.global.v4 (16 B)"), "SASS": ("LDG.E.128", "STG.E.128")}[evidence]
+    need = {"PTX": ("ld.global.v4 (16 B)", "st.global.v4 (16 B)"), "SASS": ("LDG.E.128", "STG.E.128")}[
+        evidence
+    ]
     problems = []
     for k in (k for k in kernels if k.vector):
         for kind, instruction in zip(("loads", "stores"), need):
@@ -171,8 +191,11 @@ def local_memory_problems(kernels: list[Kernel], evidence: str, angles: bool) ->
     problems = []
     for k in kernels:
         a = k.accesses
-        sincos_buffer = angles and (a.payne_hanek and a.local_bytes <= PAYNE_HANEK_BYTES if evidence == "PTX"
-                                    else a.local_bytes <= PAYNE_HANEK_FRAME)
+        sincos_buffer = angles and (
+            a.payne_hanek and a.local_bytes <= PAYNE_HANEK_BYTES
+            if evidence == "PTX"
+            else a.local_bytes <= PAYNE_HANEK_FRAME
+        )
         if not a.local or sincos_buffer:
             continue
         size = f"{a.local_bytes} B {'depot' if evidence == 'PTX' else 'stack frame'}"
@@ -187,11 +210,16 @@ CU = """template <typename T, typename Fn, int ELEMS, typename Index>
 // a comment between the template and the kernel
 __global__ void __launch_bounds__(kBlockThreads * 2, 1)
 op_fwd_kernel(const T* __restrict__ x, T* __restrict__ out) {}"""
-GOOD, BAD, SCALAR = ("_Z13op_fwd_kernelI13__nv_bfloat164ConvLi8EjEvPKT_PS2_",
-                     "_Z13op_fwd_kernelI13__nv_bfloat164ConvLi8EmEvPKT_PS2_", "_Z13op_fwd_kernelIf4ConvLi1EjEvPKT_PS1_")
-NAMES = {GOOD: "void op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned int>(__nv_bfloat16 const*, __nv_bfloat16*)",
-         BAD: "void op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned long>(__nv_bfloat16 const*, __nv_bfloat16*)",
-         SCALAR: "void op_fwd_kernel<float, Conv, 1, unsigned int>(float const*, float*)"}  # as c++filt prints them
+GOOD, BAD, SCALAR = (
+    "_Z13op_fwd_kernelI13__nv_bfloat164ConvLi8EjEvPKT_PS2_",
+    "_Z13op_fwd_kernelI13__nv_bfloat164ConvLi8EmEvPKT_PS2_",
+    "_Z13op_fwd_kernelIf4ConvLi1EjEvPKT_PS1_",
+)
+NAMES = {
+    GOOD: "void op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned int>(__nv_bfloat16 const*, __nv_bfloat16*)",
+    BAD: "void op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned long>(__nv_bfloat16 const*, __nv_bfloat16*)",
+    SCALAR: "void op_fwd_kernel<float, Conv, 1, unsigned int>(float const*, float*)",
+}  # as c++filt prints them
 PTX = f""".visible .entry {GOOD}(
 \t.param .u64 p0
 )
@@ -239,12 +267,23 @@ BAD_NAME = "op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned long>"
 
 def test_kernel_names():
     assert kernel_templates(CU) == {"op_fwd_kernel": ["T", "Fn", "ELEMS", "Index"]}
-    name = ("void kgen_rmsnorm::(anonymous namespace)::rmsnorm_fwd_kernel<float, kgen_rmsnorm::(anonymous "
-            "namespace)::Convention_single_rounding, 4, 8, 32, 1, (kgen_rmsnorm::(anonymous namespace)::RowStorage)0, "
-            "true>(float const*, long, float const*, float*, long, long, long, kgen_rmsnorm::(anonymous namespace)::Params)")
+    name = (
+        "void kgen_rmsnorm::(anonymous namespace)::rmsnorm_fwd_kernel<float, kgen_rmsnorm::(anonymous "
+        "namespace)::Convention_single_rounding, 4, 8, 32, 1, (kgen_rmsnorm::(anonymous "
+        "namespace)::RowStorage)0, "
+        "true>(float const*, long, float const*, float*, long, long, long, kgen_rmsnorm::(anonymous "
+        "namespace)::Params)"
+    )
     assert template_args(name, "rmsnorm_fwd_kernel") == [
-        "float", "kgen_rmsnorm::(anonymous namespace)::Convention_single_rounding", "4", "8", "32", "1",
-        "(kgen_rmsnorm::(anonymous namespace)::RowStorage)0", "true"]
+        "float",
+        "kgen_rmsnorm::(anonymous namespace)::Convention_single_rounding",
+        "4",
+        "8",
+        "32",
+        "1",
+        "(kgen_rmsnorm::(anonymous namespace)::RowStorage)0",
+        "true",
+    ]
     assert template_args(name, "rope_fwd_kernel") is None
     if shutil.which("c++filt"):
         assert demangle(list(NAMES)) == NAMES
@@ -253,16 +292,23 @@ def test_kernel_names():
 def test_ptx_parser():
     functions = {name: ptx_accesses(body) for name, body in split_functions(PTX, PTX_FUNCTION, True).items()}
     assert [(f.loads, f.stores, f.local_bytes) for f in functions.values()] == [
-        ({16: 2}, {16: 1}, 0), ({4: 1}, {2: 1}, 12), ({4: 1}, {4: 1}, 0)]
+        ({16: 2}, {16: 1}, 0),
+        ({4: 1}, {2: 1}, 12),
+        ({4: 1}, {4: 1}, 0),
+    ]
     kernels = classify(CU, functions, NAMES)
     assert [(k.name, k.vector) for k in kernels] == [
-        ("op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned int>", True), (BAD_NAME, True),
-        ("op_fwd_kernel<float, Conv, 1, unsigned int>", False)]
+        ("op_fwd_kernel<__nv_bfloat16, Conv, 8, unsigned int>", True),
+        (BAD_NAME, True),
+        ("op_fwd_kernel<float, Conv, 1, unsigned int>", False),
+    ]
     assert vector_access_problems(kernels, "PTX") == [
         f"PTX: {BAD_NAME}: no ld.global.v4 (16 B) (loads 1×4B; stores 1×2B; local 2)",
-        f"PTX: {BAD_NAME}: no st.global.v4 (16 B) (loads 1×4B; stores 1×2B; local 2)"]
+        f"PTX: {BAD_NAME}: no st.global.v4 (16 B) (loads 1×4B; stores 1×2B; local 2)",
+    ]
     assert local_memory_problems(kernels, "PTX", angles=True) == [  # not sincosf's buffer: no i2opi table
-        f"PTX: {BAD_NAME}: local memory (12 B depot): ['.local [12]', 'st.local.u32']"]
+        f"PTX: {BAD_NAME}: local memory (12 B depot): ['.local [12]', 'st.local.u32']"
+    ]
     sincos = ptx_accesses(".local .align 4 .b8 __local_depot0[28];\n mov.u64 %rd1, __cudart_i2opi_f;\n")
     assert local_memory_problems([Kernel("k", "float", True, sincos)], "PTX", angles=True) == []
     assert local_memory_problems([Kernel("k", "float", True, sincos)], "PTX", angles=False) != []
@@ -271,13 +317,18 @@ def test_ptx_parser():
 def test_sass_parser():
     functions = {name: sass_accesses(body, 8) for name, body in split_functions(SASS, SASS_FUNCTION).items()}
     assert [(f.loads, f.stores, f.local) for f in functions.values()] == [
-        ({16: 1}, {16: 1}, []), ({8: 1}, {2: 1}, ["STL"]), ({4: 1}, {4: 1}, [])]
+        ({16: 1}, {16: 1}, []),
+        ({8: 1}, {2: 1}, ["STL"]),
+        ({4: 1}, {4: 1}, []),
+    ]
     kernels = classify(CU, functions, NAMES)
     assert vector_access_problems(kernels, "SASS") == [
         f"SASS: {BAD_NAME}: no LDG.E.128 (loads 1×8B; stores 1×2B; local 1)",
-        f"SASS: {BAD_NAME}: no STG.E.128 (loads 1×8B; stores 1×2B; local 1)"]
+        f"SASS: {BAD_NAME}: no STG.E.128 (loads 1×8B; stores 1×2B; local 1)",
+    ]
     assert local_memory_problems(kernels, "SASS", angles=False) == [
-        f"SASS: {BAD_NAME}: local memory (8 B stack frame): ['STL']"]
+        f"SASS: {BAD_NAME}: local memory (8 B stack frame): ['STL']"
+    ]
     assert local_memory_problems(kernels, "SASS", angles=True) == []  # within sincosf's 32-byte frame
 
 
@@ -291,15 +342,22 @@ def op_listing(evidence: str, op: str, root: Path) -> list[Kernel]:
     profile = load_profile(ARCH)
     if evidence == "PTX":
         ptx = root / f"{op}.ptx"
-        _run([find_nvcc(), *NVCC_FLAGS, *gencode(profile), "-ptx", str(src), "-o", str(ptx)], f"nvcc -ptx {src.name}")
-        functions = {name: ptx_accesses(body)
-                     for name, body in split_functions(ptx.read_text(), PTX_FUNCTION, True).items()}
+        _run(
+            [find_nvcc(), *NVCC_FLAGS, *gencode(profile), "-ptx", str(src), "-o", str(ptx)],
+            f"nvcc -ptx {src.name}",
+        )
+        functions = {
+            name: ptx_accesses(body)
+            for name, body in split_functions(ptx.read_text(), PTX_FUNCTION, True).items()
+        }
     else:
         obj = root / f"{op}.o"
         frames = {e.function: e.stack_frame for e in parse_ptxas(compile_kernel(project, op, profile, obj))}
         sass = _run(["cuobjdump", "-sass", str(obj)], f"cuobjdump -sass {obj.name}")
-        functions = {name: sass_accesses(body, frames[name])
-                     for name, body in split_functions(sass, SASS_FUNCTION).items()}
+        functions = {
+            name: sass_accesses(body, frames[name])
+            for name, body in split_functions(sass, SASS_FUNCTION).items()
+        }
     kernels = classify(src.read_text(), functions)
     vector_types = {k.dtype for k in kernels if k.vector}
     assert vector_types == {C_TYPES[d] for d in target.dtypes}, f"{op}: vector kernels for {vector_types}"

@@ -17,11 +17,11 @@ from kgen.project import resolve_target
 GOOD = {
     "name": '"bad"',
     "tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="weight", dims="hidden", optional=True, '
-               'absent_value=1.0), Tensor(name="out", dims="*rows hidden", role="output")]',
+    'absent_value=1.0), Tensor(name="out", dims="*rows hidden", role="output")]',
     "params": '[Param(name="eps", default=1e-6, positive=True)]',
     "reductions": '[Reduction(stat="rstd", summand=x**2, finalize=1 / sp.sqrt(row_sum * inv_hidden + eps))]',
     "conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * weight})]',
-    "layers": '[]',
+    "layers": "[]",
     "ref_body": "return x",
 }
 
@@ -39,98 +39,243 @@ spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={param
 
 CASES = [
     ({"name": '"Bad-Op"'}, ["OpSpec.name: String should match pattern"]),
-    ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
-     ["tensors.0.dims: row_reduce ops take tensors of dims '*rows hidden' or 'hidden', got 'rows d'"]),
-    ({"tensors": GOOD["tensors"].replace('"*rows hidden"', '"*rows\\nhidden"', 1)},
-     ["Tensor.dims: String should match pattern"]),
-    ({"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
-     ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"]),
-    ({"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
-     ["Reduction.summand: Value error, expected a sympy expression, got str"]),
-    ({"reductions": '[Reduction(stat="rstd", summand=sp.sin(x), finalize=row_sum)]'},
-     ["structure.reductions.0.summand: functions ['sin'] have no CUDA printing"]),
-    ({"reductions": '[Reduction(stat="rstd", summand=weight, finalize=row_sum)]'},
-     ["structure.reductions.0.summand: unknown symbols ['weight']"]),
-    ({"tensors": GOOD["tensors"].replace(", absent_value=1.0", "")},
-     ["optional tensor 'weight' needs absent_value"]),
-    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows hidden", broadcast=True', 1)},
-     ["an op's first '*rows ...' input leads", "required, in the I/O dtype and not broadcast"]),
-    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows hidden", dtype="float32"', 1)},
-     ["an op's first '*rows ...' input leads"]),
-    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden"', 1)},
-     ["Tensor: Value error, tensor 'x' (dims '*rows 2*hidden'): 'halves' names the two halves of a '*rows 2*hidden' input"]),
-    ({"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden", halves=("a", "b")', 1)},
-     ["tensors.0.dims: row_reduce ops take tensors of dims '*rows hidden' or 'hidden', got '*rows 2*hidden'"]),
-    ({"tensors": GOOD["tensors"].replace('optional=True', 'optional=True, broadcast=True')},
-     ["tensor 'weight': only a '*rows hidden' input can broadcast"]),
-    ({"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd}, prologue={"r": x})]'},
-     ["structure.conventions.0.prologue: may only replace the structure's prologue values [], got ['r']"]),
-    ({"conventions": '[Convention(name="plain", matches="-", outputs={"y": x})]'},
-     ["structure.conventions.0.outputs: expected one expression for each of ['out'], got ['y']"]),
-    ({"ref_body": "return sp.Abs(x) * torch.ones(1)"},
-     ["reference uses ['sp'] from its module; a generated project's test copies the reference and the functions it calls"]),
-    ({"conventions": '[]'}, ["RowReduce.conventions: List should have at least 1 item"]),
-    ({"tensors": GOOD["tensors"].replace('role="output"', 'role="result"')},
-     ["Tensor.role: Input should be 'input' or 'output'"]),
-    ({"params": '[Param(name="eps", default=1e-6, positive=True, unit="s")]'},
-     ["Param.unit: Extra inputs are not permitted"]),
-    ({"params": '[Param(name="rstd", default=1.0)]'},
-     ["names must be unique across tensors, halves, params and the structure's values; repeated: ['rstd']"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
-                'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'},
-     ["Layer.bind.weight: Value error, must be a forward argument, 'self.<attribute>' or "
-      "'self.<submodule>(<forward argument>)' (got 'self.weight; import os')"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
-                'bind={"x": "self.proj(hidden)", "weight": "w"})]'},
-     ["layers.0.bind: ['hidden', 'w'] are not forward arguments ['h']"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
-                'bind={"x": "self.proj(h)", "weight": "self.weight"}, returns="self.out(h)")]'},
-     ["Layer.returns: String should match pattern"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h", "dim"], convention="plain", '
-                'bind={"x": "h", "weight": "self.weight"})]'},
-     ["layers.0.defaults: every forward argument no op argument is bound to needs one, and they are the last "
-      "arguments; got {} for ['h', 'dim']"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["dim", "h"], convention="plain", '
-                'defaults={"dim": 1}, bind={"x": "h", "weight": "self.weight"})]'},
-     ["layers.0.defaults: every forward argument no op argument is bound to needs one, and they are the last "
-      "arguments; got {'dim': 1} for ['dim', 'h']"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h", "dim"], convention="plain", '
-                'defaults={"dim": "1; import os"}, bind={"x": "h", "weight": "self.weight"})]'},
-     ["Layer.defaults.dim.bool: Input should be a valid boolean"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="fast", '
-                'bind={"x": "h", "weight": "self.weight"})]'},
-     ["layers.0.convention: 'fast' is not one of ['plain']"]),
-    ({"layers": '[Layer(name="rms_norm", replaces=["m.RMSNorm"], forward_args=["h"], convention="plain", '
-                'bind={"x": "h", "weight": "self.weight"})]'},
-     ["Layer.name: String should match pattern"]),
+    (
+        {"tensors": GOOD["tensors"].replace('"*rows hidden"', '"rows d"', 1)},
+        ["tensors.0.dims: row_reduce ops take tensors of dims '*rows hidden' or 'hidden', got 'rows d'"],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace('"*rows hidden"', '"*rows\\nhidden"', 1)},
+        ["Tensor.dims: String should match pattern"],
+    ),
+    (
+        {"reductions": '[Reduction(stat="rstd", summand=y**2, finalize=row_sum)]'},
+        ["OpSpec: Value error, structure.reductions.0.summand: unknown symbols ['y']"],
+    ),
+    (
+        {"reductions": '[Reduction(stat="rstd", summand="x**2", finalize=row_sum)]'},
+        ["Reduction.summand: Value error, expected a sympy expression, got str"],
+    ),
+    (
+        {"reductions": '[Reduction(stat="rstd", summand=sp.sin(x), finalize=row_sum)]'},
+        ["structure.reductions.0.summand: functions ['sin'] have no CUDA printing"],
+    ),
+    (
+        {"reductions": '[Reduction(stat="rstd", summand=weight, finalize=row_sum)]'},
+        ["structure.reductions.0.summand: unknown symbols ['weight']"],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace(", absent_value=1.0", "")},
+        ["optional tensor 'weight' needs absent_value"],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows hidden", broadcast=True', 1)},
+        ["an op's first '*rows ...' input leads", "required, in the I/O dtype and not broadcast"],
+    ),
+    (
+        {
+            "tensors": GOOD["tensors"].replace(
+                'dims="*rows hidden"', 'dims="*rows hidden", dtype="float32"', 1
+            )
+        },
+        ["an op's first '*rows ...' input leads"],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace('dims="*rows hidden"', 'dims="*rows 2*hidden"', 1)},
+        [
+            "Tensor: Value error, tensor 'x' (dims '*rows 2*hidden'): 'halves' names the two halves of a "
+            "'*rows 2*hidden' input"
+        ],
+    ),
+    (
+        {
+            "tensors": GOOD["tensors"].replace(
+                'dims="*rows hidden"', 'dims="*rows 2*hidden", halves=("a", "b")', 1
+            )
+        },
+        [
+            "tensors.0.dims: row_reduce ops take tensors of dims '*rows hidden' or 'hidden', got '*rows "
+            "2*hidden'"
+        ],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace("optional=True", "optional=True, broadcast=True")},
+        ["tensor 'weight': only a '*rows hidden' input can broadcast"],
+    ),
+    (
+        {
+            "conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd}, prologue={"r": '
+            "x})]"
+        },
+        ["structure.conventions.0.prologue: may only replace the structure's prologue values [], got ['r']"],
+    ),
+    (
+        {"conventions": '[Convention(name="plain", matches="-", outputs={"y": x})]'},
+        ["structure.conventions.0.outputs: expected one expression for each of ['out'], got ['y']"],
+    ),
+    (
+        {"ref_body": "return sp.Abs(x) * torch.ones(1)"},
+        [
+            "reference uses ['sp'] from its module; a generated project's test copies the reference and the "
+            "functions it calls"
+        ],
+    ),
+    ({"conventions": "[]"}, ["RowReduce.conventions: List should have at least 1 item"]),
+    (
+        {"tensors": GOOD["tensors"].replace('role="output"', 'role="result"')},
+        ["Tensor.role: Input should be 'input' or 'output'"],
+    ),
+    (
+        {"params": '[Param(name="eps", default=1e-6, positive=True, unit="s")]'},
+        ["Param.unit: Extra inputs are not permitted"],
+    ),
+    (
+        {"params": '[Param(name="rstd", default=1.0)]'},
+        [
+            "names must be unique across tensors, halves, params and the structure's values; repeated: "
+            "['rstd']"
+        ],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], '
+            'convention="plain", '
+            'bind={"x": "h", "weight": "self.weight; import os", "eps": "self.eps"})]'
+        },
+        [
+            "Layer.bind.weight: Value error, must be a forward argument, 'self.<attribute>' or "
+            "'self.<submodule>(<forward argument>)' (got 'self.weight; import os')"
+        ],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], '
+            'convention="plain", '
+            'bind={"x": "self.proj(hidden)", "weight": "w"})]'
+        },
+        ["layers.0.bind: ['hidden', 'w'] are not forward arguments ['h']"],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], '
+            'convention="plain", '
+            'bind={"x": "self.proj(h)", "weight": "self.weight"}, returns="self.out(h)")]'
+        },
+        ["Layer.returns: String should match pattern"],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h", "dim"], '
+            'convention="plain", '
+            'bind={"x": "h", "weight": "self.weight"})]'
+        },
+        [
+            "layers.0.defaults: every forward argument no op argument is bound to needs one, and they are "
+            "the last "
+            "arguments; got {} for ['h', 'dim']"
+        ],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["dim", "h"], '
+            'convention="plain", '
+            'defaults={"dim": 1}, bind={"x": "h", "weight": "self.weight"})]'
+        },
+        [
+            "layers.0.defaults: every forward argument no op argument is bound to needs one, and they are "
+            "the last "
+            "arguments; got {'dim': 1} for ['dim', 'h']"
+        ],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h", "dim"], '
+            'convention="plain", '
+            'defaults={"dim": "1; import os"}, bind={"x": "h", "weight": "self.weight"})]'
+        },
+        ["Layer.defaults.dim.bool: Input should be a valid boolean"],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm"], forward_args=["h"], convention="fast", '
+            'bind={"x": "h", "weight": "self.weight"})]'
+        },
+        ["layers.0.convention: 'fast' is not one of ['plain']"],
+    ),
+    (
+        {
+            "layers": '[Layer(name="rms_norm", replaces=["m.RMSNorm"], forward_args=["h"], '
+            'convention="plain", '
+            'bind={"x": "h", "weight": "self.weight"})]'
+        },
+        ["Layer.name: String should match pattern"],
+    ),
     # free text and names end up in generated C++, Python, Markdown and Nix: nothing may break out of them
-    ({"tensors": GOOD["tensors"].replace('name="out"', 'name="int"')},
-     ["Tensor.name: Value error, must be a name that is no Python or C++ keyword (got 'int')"]),
-    ({"params": '[Param(name="eps", default=1e-6, doc="*/ #include <evil.h>")]'},
-     ["Param.doc: Value error, must be one printable line without a backslash, '*/'"]),
-    ({"conventions": '[Convention(name="plain", matches="one\\ntwo", outputs={"out": x * rstd * weight})]'},
-     ["Convention.matches: Value error, must be one printable line", "(got 'one\\ntwo')"]),
-    ({"params": '[Param(name="eps", default=float("inf"))]'}, ["Param.default: Input should be a finite number"]),
-    ({"layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm; import os"], forward_args=["h"], convention="plain", '
-                'bind={"x": "h", "weight": "self.weight"})]'},
-     ["Layer.replaces.0: String should match pattern"]),
-    ({"reductions": '[Reduction(stat="rstd", summand=x**2, finalize=to_io_dtype(row_sum))]'},
-     ["structure.reductions.0.finalize: functions ['to_io_dtype'] have no CUDA printing here"]),
-    ({"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * sp.I})]'},
-     ["structure.conventions.0.outputs.out: functions ['ImaginaryUnit'] have no CUDA printing"]),
-    # names the generated C++ declares beside the spec's (each of these failed to compile before it was refused)
-    ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="op", default=1.0)]'},
-     ["names ['op'] are reserved for kgen's own symbols (identifiers of the generated code"]),
-    ({"tensors": GOOD["tensors"].replace('name="weight"', 'name="params"')},
-     ["names ['params'] are reserved"]),
-    ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="guard", default=1.0)]'},
-     ["names ['guard'] are reserved"]),
-    ({"tensors": GOOD["tensors"].replace('name="weight"', 'name="x_rows"')},
-     ["names ['x_rows'] are reserved", "another name plus a suffix the generated code appends"]),
-    ({"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="x_row_stride", default=1.0)]'},
-     ["names ['x_row_stride'] are reserved"]),
-    ({"tensors": GOOD["tensors"].replace('name="weight"', 'name="k"')},  # a loop variable of the row kernels
-     ["names ['k'] are reserved"]),
+    (
+        {"tensors": GOOD["tensors"].replace('name="out"', 'name="int"')},
+        ["Tensor.name: Value error, must be a name that is no Python or C++ keyword (got 'int')"],
+    ),
+    (
+        {"params": '[Param(name="eps", default=1e-6, doc="*/ #include <evil.h>")]'},
+        ["Param.doc: Value error, must be one printable line without a backslash, '*/'"],
+    ),
+    (
+        {
+            "conventions": '[Convention(name="plain", matches="one\\ntwo", outputs={"out": x * rstd * '
+            "weight})]"
+        },
+        ["Convention.matches: Value error, must be one printable line", "(got 'one\\ntwo')"],
+    ),
+    (
+        {"params": '[Param(name="eps", default=float("inf"))]'},
+        ["Param.default: Input should be a finite number"],
+    ),
+    (
+        {
+            "layers": '[Layer(name="RMSNorm", replaces=["m.RMSNorm; import os"], forward_args=["h"], '
+            'convention="plain", '
+            'bind={"x": "h", "weight": "self.weight"})]'
+        },
+        ["Layer.replaces.0: String should match pattern"],
+    ),
+    (
+        {"reductions": '[Reduction(stat="rstd", summand=x**2, finalize=to_io_dtype(row_sum))]'},
+        ["structure.reductions.0.finalize: functions ['to_io_dtype'] have no CUDA printing here"],
+    ),
+    (
+        {"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * sp.I})]'},
+        ["structure.conventions.0.outputs.out: functions ['ImaginaryUnit'] have no CUDA printing"],
+    ),
+    # names the generated C++ declares beside the spec's (each of these failed to compile before it was
+    # refused)
+    (
+        {"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="op", default=1.0)]'},
+        ["names ['op'] are reserved for kgen's own symbols (identifiers of the generated code"],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace('name="weight"', 'name="params"')},
+        ["names ['params'] are reserved"],
+    ),
+    (
+        {"params": '[Param(name="eps", default=1e-6, positive=True), Param(name="guard", default=1.0)]'},
+        ["names ['guard'] are reserved"],
+    ),
+    (
+        {"tensors": GOOD["tensors"].replace('name="weight"', 'name="x_rows"')},
+        ["names ['x_rows'] are reserved", "another name plus a suffix the generated code appends"],
+    ),
+    (
+        {
+            "params": '[Param(name="eps", default=1e-6, positive=True), Param(name="x_row_stride", '
+            "default=1.0)]"
+        },
+        ["names ['x_row_stride'] are reserved"],
+    ),
+    (
+        {
+            "tensors": GOOD["tensors"].replace('name="weight"', 'name="k"')
+        },  # a loop variable of the row kernels
+        ["names ['k'] are reserved"],
+    ),
 ]
 
 
@@ -192,44 +337,97 @@ def ref(x, *rest, convention="plain"):
 spec = OpSpec(name="bad", summary="a test op", tensors={tensors}, params={params}, structure={structure},
               reference=ref, inplace={inplace})
 """
-ROTARY = ('Rotary(pairing="interleaved", rotates=["x"], tables=("cos", "sin"), conventions=[Convention(name="plain", '
-          'matches="-", outputs={"out": x * cos + sign * x_pair * sin})])')
-TABLES = ('[Tensor(name="x", dims="*rows hidden"), Tensor(name="cos", dims="*rows hidden", dtype="float32", '
-          'broadcast=True), Tensor(name="sin", dims="*rows hidden", dtype="float32", broadcast=True), '
-          'Tensor(name="out", dims="*rows hidden", role="output")]')
+ROTARY = (
+    'Rotary(pairing="interleaved", rotates=["x"], tables=("cos", "sin"), '
+    'conventions=[Convention(name="plain", '
+    'matches="-", outputs={"out": x * cos + sign * x_pair * sin})])'
+)
+TABLES = (
+    '[Tensor(name="x", dims="*rows hidden"), Tensor(name="cos", dims="*rows hidden", dtype="float32", '
+    'broadcast=True), Tensor(name="sin", dims="*rows hidden", dtype="float32", broadcast=True), '
+    'Tensor(name="out", dims="*rows hidden", role="output")]'
+)
 STRUCTURE_CASES = [
-    ({"tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), Tensor(name="w", dims="hidden"), '
-                 'Tensor(name="out", dims="*rows hidden", role="output")]',
-      "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": h * gate})])'},
-     "tensors.1.dims: elementwise ops take tensors of dims '*rows hidden' or '*rows 2*hidden', got 'hidden'"),
-    ({"tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), '
-                 'Tensor(name="out", dims="*rows hidden", role="output")]',
-      "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
-     "structure.conventions.0.outputs.out: unknown symbols ['x']; allowed here: ['gate', 'h', 'hidden', 'inv_hidden']"),
-    ({"tensors": TABLES.replace(', broadcast=True', '', 1)},
-     "a rotary op without grid angles names its cos and sin tensors in `tables`, each with broadcast=True"),
-    ({"structure": ROTARY.replace("Rotary(", 'Rotary(grid=GridAngles(axes=["f"], sizes=["n"], coordinates=[k], '
-                                            'frequency=k, angle=freq * coord), ')},
-     "grid angles serve interleaved pairs, with no cos/sin tensors"),
-    ({"structure": ROTARY.replace('rotates=["x"]', 'rotates=["cos"]')}, "structure.rotates: ['cos'] must name"),
-    ({"structure": ROTARY.replace('tables=("cos", "sin")', 'tables=("cos", "tan")')},
-     "the cos and sin tables it names in `tables`"),
-    ({"tensors": TABLES.replace('name="x"', 'name="x", broadcast=True')}, "an op's first '*rows ...' input leads"),
+    (
+        {
+            "tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), Tensor(name="w", '
+            'dims="hidden"), '
+            'Tensor(name="out", dims="*rows hidden", role="output")]',
+            "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": h * '
+            "gate})])",
+        },
+        "tensors.1.dims: elementwise ops take tensors of dims '*rows hidden' or '*rows 2*hidden', got "
+        "'hidden'",
+    ),
+    (
+        {
+            "tensors": '[Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")), '
+            'Tensor(name="out", dims="*rows hidden", role="output")]',
+            "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": '
+            "x})])",
+        },
+        "structure.conventions.0.outputs.out: unknown symbols ['x']; allowed here: ['gate', 'h', 'hidden', "
+        "'inv_hidden']",
+    ),
+    (
+        {"tensors": TABLES.replace(", broadcast=True", "", 1)},
+        "a rotary op without grid angles names its cos and sin tensors in `tables`, each with broadcast=True",
+    ),
+    (
+        {
+            "structure": ROTARY.replace(
+                "Rotary(",
+                'Rotary(grid=GridAngles(axes=["f"], sizes=["n"], coordinates=[k], '
+                "frequency=k, angle=freq * coord), ",
+            )
+        },
+        "grid angles serve interleaved pairs, with no cos/sin tensors",
+    ),
+    (
+        {"structure": ROTARY.replace('rotates=["x"]', 'rotates=["cos"]')},
+        "structure.rotates: ['cos'] must name",
+    ),
+    (
+        {"structure": ROTARY.replace('tables=("cos", "sin")', 'tables=("cos", "tan")')},
+        "the cos and sin tables it names in `tables`",
+    ),
+    (
+        {"tensors": TABLES.replace('name="x"', 'name="x", broadcast=True')},
+        "an op's first '*rows ...' input leads",
+    ),
     ({"inplace": '{"out": "cos"}'}, "inplace: a rotary op's output may only overwrite its own rotated input"),
-    ({"inplace": '{"out": "y"}', "tensors": '[Tensor(name="x", dims="*rows hidden"), '
-                                           'Tensor(name="out", dims="*rows hidden", role="output")]',
-      "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
-     "inplace: maps outputs ['out'] to the inputs they overwrite, required '*rows hidden' inputs of the same shape ['x']"),
-    ({"params": '[Param(name="n", default=2.5, integer=True)]'},
-     "integer param 'n' needs an integer default, got 2.5"),
-    ({"tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", role="output")]',
-      "structure": 'RowReduce(prologue={"r": sp.Integer(2)}, reductions=[Reduction(stat="s", summand=sp.Symbol("r"), '
-                   'finalize=sp.Symbol("row_sum"))], conventions=[Convention(name="plain", matches="-", outputs={"out": x})])'},
-     "structure.prologue: reads no '*rows ...' input"),
+    (
+        {
+            "inplace": '{"out": "y"}',
+            "tensors": '[Tensor(name="x", dims="*rows hidden"), '
+            'Tensor(name="out", dims="*rows hidden", role="output")]',
+            "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": '
+            "x})])",
+        },
+        "inplace: maps outputs ['out'] to the inputs they overwrite, required '*rows hidden' inputs of the "
+        "same shape ['x']",
+    ),
+    (
+        {"params": '[Param(name="n", default=2.5, integer=True)]'},
+        "integer param 'n' needs an integer default, got 2.5",
+    ),
+    (
+        {
+            "tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", '
+            'role="output")]',
+            "structure": 'RowReduce(prologue={"r": sp.Integer(2)}, reductions=[Reduction(stat="s", '
+            'summand=sp.Symbol("r"), '
+            'finalize=sp.Symbol("row_sum"))], conventions=[Convention(name="plain", matches="-", '
+            'outputs={"out": x})])',
+        },
+        "structure.prologue: reads no '*rows ...' input",
+    ),
 ]
 
 
-@pytest.mark.parametrize("overrides,fragment", STRUCTURE_CASES, ids=[f.split(":")[0][:40] for _, f in STRUCTURE_CASES])
+@pytest.mark.parametrize(
+    "overrides,fragment", STRUCTURE_CASES, ids=[f.split(":")[0][:40] for _, f in STRUCTURE_CASES]
+)
 def test_bad_structure_message(ops_dir, overrides, fragment):
     fields = {"tensors": TABLES, "params": "[]", "structure": ROTARY, "inplace": "{}"} | overrides
     (ops_dir / "bad.py").write_text(STRUCTURES.format(**fields))
@@ -239,7 +437,9 @@ def test_bad_structure_message(ops_dir, overrides, fragment):
 
 
 def test_the_good_rotary_spec_loads(ops_dir):
-    (ops_dir / "bad.py").write_text(STRUCTURES.format(tensors=TABLES, params="[]", structure=ROTARY, inplace='{"out": "x"}'))
+    (ops_dir / "bad.py").write_text(
+        STRUCTURES.format(tensors=TABLES, params="[]", structure=ROTARY, inplace='{"out": "x"}')
+    )
     assert load_spec("bad").structure.kind == "rotary"
 
 
@@ -248,7 +448,9 @@ DECLARATION = re.compile(
     r"(?:^|[;({,]\s*|for \()\s*(?:const |constexpr |static |extern |__shared__ |__align__\(\d+\) )*"
     r"(?:auto|int|int64_t|uint32_t|uint64_t|float|bool|unsigned|Index|Access|T|TT|S|float2|char|uint4|Pack<[^>]*>|"
     r"std::\w+(?:<[^>]*>)?|torch::Tensor|c10::cuda::CUDAGuard|cudaError_t|kgen_\w+::\w+)\s*[*&]?\s+([a-z_][a-z_0-9]*)"
-    r"\s*(?=[=;\[(,){]|$)", re.M)
+    r"\s*(?=[=;\[(,){]|$)",
+    re.M,
+)
 
 
 def bodies(source: str, head: str) -> str:
@@ -259,7 +461,7 @@ def bodies(source: str, head: str) -> str:
         while depth:
             depth += {"{": 1, "}": -1}.get(source[i], 0)
             i += 1
-        out.append(source[m.end():i])
+        out.append(source[m.end() : i])
     return "\n".join(out)
 
 
@@ -271,10 +473,18 @@ def test_generated_declarations_cannot_take_a_spec_name(op):
     would silently read the local instead of its tensor."""
     spec = load_spec(op)
     files = render_target(resolve_target(op, "sm_90"))
-    names = {t.name for t in spec.tensors} | {p.name for p in spec.params} | {
-        h for t in spec.tensors if t.halves for h in t.halves} | set(spec.structure.names())
-    binding = re.sub(r"\[[^\]]*\]\([^)]*\)", "", bodies(files["torch-ext/torch_binding.cpp"], rf"\b{op}_forward\("))
-    while re.search(r"\{[^{}]*\}", binding):  # the binding's inner blocks and lambdas name no spec tensor they
+    names = (
+        {t.name for t in spec.tensors}
+        | {p.name for p in spec.params}
+        | {h for t in spec.tensors if t.halves for h in t.halves}
+        | set(spec.structure.names())
+    )
+    binding = re.sub(
+        r"\[[^\]]*\]\([^)]*\)", "", bodies(files["torch-ext/torch_binding.cpp"], rf"\b{op}_forward\(")
+    )
+    while re.search(
+        r"\{[^{}]*\}", binding
+    ):  # the binding's inner blocks and lambdas name no spec tensor they
         binding = re.sub(r"\{[^{}]*\}", ";", binding)  # might shadow: only its outermost declarations count
     declared = set(DECLARATION.findall(binding))
     if spec.structure.kind != "rotary":  # rotary kernels reach tensors through args.<name> only
@@ -283,4 +493,6 @@ def test_generated_declarations_cannot_take_a_spec_name(op):
     derived = {d for d in declared for n in names if d.startswith(n) and d.endswith(GENERATED_SUFFIXES)}
     assert declared, "no declarations found: the pattern no longer matches the generated code"
     loose = sorted(declared - reserved - derived - names)
-    assert not loose, f"{op}: generated code declares {loose} beside the spec's names; add them to GENERATED_NAMES"
+    assert not loose, (
+        f"{op}: generated code declares {loose} beside the spec's names; add them to GENERATED_NAMES"
+    )

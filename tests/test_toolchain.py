@@ -12,9 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from kgen.builder import compile_kernel, load, ops_name, parse_ptxas, variant_name
+from kgen.builder import compile_kernel, load, ops_name, parse_ptxas, variant_name, write_project
 from kgen.catalog import arch_names, load_profile, load_spec, op_names
-from kgen.builder import write_project
 from kgen.project import resolve_target
 
 pytestmark = pytest.mark.toolchain
@@ -27,14 +26,21 @@ ptxas info    : Function properties for _Z6kernelv
     16 bytes stack frame, 24 bytes spill stores, 40 bytes spill loads
 ptxas info    : Used 40 registers, used 1 barriers, 16 bytes cumulative stack size"""
     (entry,) = parse_ptxas(log)
-    assert (entry.function, entry.registers, entry.stack_frame, entry.spill_stores, entry.spill_loads) == \
-        ("_Z6kernelv", 40, 16, 24, 40)
+    assert (entry.function, entry.registers, entry.stack_frame, entry.spill_stores, entry.spill_loads) == (
+        "_Z6kernelv",
+        40,
+        16,
+        24,
+        40,
+    )
 
 
 def test_every_kernel_compiles_without_spills_or_local_memory(tmp_path):
     def compile_one(target):
         project = write_project(target, tmp_path)
-        log = compile_kernel(project, target.op, load_profile(target.arch), tmp_path / f"{target.kernel_name}.o")
+        log = compile_kernel(
+            project, target.op, load_profile(target.arch), tmp_path / f"{target.kernel_name}.o"
+        )
         assert "warning" not in log.lower(), f"{target.kernel_name}: nvcc warnings\n{log[:2000]}"
         return target, parse_ptxas(log)
 
@@ -72,7 +78,10 @@ def test_build_variant_layout(cpu_built):
     metadata = json.loads((variant / "metadata.json").read_text())
     lib = f"{metadata['id']}.abi3.so"
     assert files == sorted(["__init__.py", "layers.py", "_ops.py", "metadata.json", "ptxas.log", lib])
-    assert metadata["name"] == target.kernel_name and metadata["backend"] == {"type": "cuda", "archs": ["9.0"]}
+    assert metadata["name"] == target.kernel_name and metadata["backend"] == {
+        "type": "cuda",
+        "archs": ["9.0"],
+    }
     assert metadata["id"].startswith(f"_{target.python_name}_cuda_")
     assert f"ops = torch.ops.{metadata['id']}" in (variant / "_ops.py").read_text()
 

@@ -1,10 +1,10 @@
 """kgen's layers in transformers models through `kernels.kernelize` (kgen.integrations.transformers).
 
 Without a GPU the real libraries are built and loaded, and each op gets a CPU kernel computed by its spec's
-reference (in the model dtype): the marking, the mapping, the layers' bindings, the outputs and torch.compile
-tracing are all checked, everything but the CUDA kernels (which tests/test_ops_gpu.py checks). On a GPU the same
-checks run on the real kernels, with the Qwen3-8B and Llama-3-8B configs (two layers).
-"""
+reference (in the model dtype): the marking, the mapping, the layers' bindings, the outputs and
+torch.compile tracing are all checked, everything but the CUDA kernels (which tests/test_ops_gpu.py
+checks). On a GPU the same checks run on the real kernels, with the Qwen3-8B and Llama-3-8B configs (two
+layers)."""
 
 from __future__ import annotations
 
@@ -20,28 +20,54 @@ from kgen.integrations.transformers import OPS, kernelize  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, max_position_embeddings=40960)
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                 num_key_value_heads=8, rms_norm_eps=1e-5)
-SMALL = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=128)  # head_dim 128 as Qwen3's q_norm / k_norm
+QWEN3_8B = dict(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+)
+LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+)
+SMALL = dict(
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+)  # head_dim 128 as Qwen3's q_norm / k_norm
 pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
 
 
 @pytest.fixture(scope="module")
 def served_ops(reference_kernels):
-    """The arch to build for and {op name in its library: calls}: on a GPU the device's arch and the real kernels;
-    on a CPU sm_90 and each op computed by its spec's reference."""
+    """The arch to build for and {op name in its library: calls}: on a GPU the device's arch and the real
+    kernels; on a CPU sm_90 and each op computed by its spec's reference."""
     return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS + ("rope",)))
 
 
 def model_of(kind: str, config: dict, layers: int = 2, **extra):
     torch.manual_seed(0)
     if kind == "qwen3":
-        cfg, cls = transformers.Qwen3Config(**config, num_hidden_layers=layers, **extra), transformers.Qwen3ForCausalLM
+        cfg, cls = (
+            transformers.Qwen3Config(**config, num_hidden_layers=layers, **extra),
+            transformers.Qwen3ForCausalLM,
+        )
     else:
-        cfg, cls = transformers.LlamaConfig(**config, num_hidden_layers=layers, **extra), transformers.LlamaForCausalLM
+        cfg, cls = (
+            transformers.LlamaConfig(**config, num_hidden_layers=layers, **extra),
+            transformers.LlamaForCausalLM,
+        )
     with torch.device(DEVICE):
         return cls(cfg).eval()
 
@@ -62,8 +88,16 @@ def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
     prefix = type(model).__name__.removesuffix("ForCausalLM")
     norms = [n for n, m in model.named_modules() if type(m).__name__ == f"{prefix}RMSNorm"]
     mlps = [n for n, m in model.named_modules() if type(m).__name__ == f"{prefix}MLP"]
-    rotary = {f"transformers.models.{kind}.modeling_{kind}.apply_rotary_pos_emb": "rope.RotaryPosEmb"} if rope else {}
-    assert served == {**{n: "rmsnorm.RMSNorm" for n in norms}, **{n: "silu_mul.GatedMLP" for n in mlps}, **rotary}
+    rotary = (
+        {f"transformers.models.{kind}.modeling_{kind}.apply_rotary_pos_emb": "rope.RotaryPosEmb"}
+        if rope
+        else {}
+    )
+    assert served == {
+        **{n: "rmsnorm.RMSNorm" for n in norms},
+        **{n: "silu_mul.GatedMLP" for n in mlps},
+        **rotary,
+    }
     if kind == "qwen3":
         assert "model.layers.1.self_attn.q_norm" in served and "model.layers.1.self_attn.k_norm" in served
     before = calls.copy()
@@ -73,7 +107,9 @@ def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
         assert calls["silu_mul_transformers"] - before["silu_mul_transformers"] == len(mlps)
         assert calls["rope_transformers"] - before["rope_transformers"] == (len(mlps) if rope else 0)
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
-    assert kgen_err <= 1.5 * eager_err + 1e-3, f"kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
+    assert kgen_err <= 1.5 * eager_err + 1e-3, (
+        f"kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
+    )
     assert torch.isfinite(kgen).all()
     return model, ids
 
@@ -94,8 +130,11 @@ def test_rope_on_request(kind, served_ops, build_root, monkeypatch):
     modeling = getattr(transformers.models, kind)
     modeling = getattr(modeling, f"modeling_{kind}")
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
-    config = (QWEN3_8B if GPU else SMALL) if kind == "qwen3" else (LLAMA3_8B if GPU else {
-        k: v for k, v in SMALL.items() if k != "head_dim"})
+    config = (
+        (QWEN3_8B if GPU else SMALL)
+        if kind == "qwen3"
+        else (LLAMA3_8B if GPU else {k: v for k, v in SMALL.items() if k != "head_dim"})
+    )
     check_logits_match(kind, config, served_ops, build_root, rope=True)
     with pytest.raises(RuntimeError, match="RotaryPosEmb computes unsqueeze_dim=1 only, got 2"):
         q = torch.randn(1, 2, 3, 8, device=DEVICE)
@@ -106,12 +145,18 @@ def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
     model = model_of("qwen3", SMALL, layers=1, hidden_act="gelu_pytorch_tanh")
     served = kernelize(model, arch=served_ops[0], root=build_root)
     assert "model.layers.0.mlp" not in served and "model.layers.0.input_layernorm" in served
-    assert model.model.layers[0].mlp.forward.__func__ is transformers.models.qwen3.modeling_qwen3.Qwen3MLP.forward
+    assert (
+        model.model.layers[0].mlp.forward.__func__
+        is transformers.models.qwen3.modeling_qwen3.Qwen3MLP.forward
+    )
 
 
 def test_a_model_it_does_not_know_is_refused(served_ops, build_root):
-    with pytest.raises(KgenError, match=r"Sequential: no module is one that kgen's rmsnorm, silu_mul layers replace "
-                                        r"\(.*LlamaRMSNorm.*Qwen3MLP"):
+    with pytest.raises(
+        KgenError,
+        match=r"Sequential: no module is one that kgen's rmsnorm, silu_mul layers replace "
+        r"\(.*LlamaRMSNorm.*Qwen3MLP",
+    ):
         kernelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), arch=served_ops[0], root=build_root)
 
 

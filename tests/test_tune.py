@@ -29,12 +29,22 @@ OPS = ["rmsnorm", "fused_add_rmsnorm", "residual_adaln_rmsnorm", "layernorm", "g
 
 
 def table(*choices: TunedChoice) -> TuningTable:
-    return TuningTable(arch="sm_90", device="NVIDIA H200", date="2026-11-30", torch="2.11.0", choices=list(choices))
+    return TuningTable(
+        arch="sm_90", device="NVIDIA H200", date="2026-11-30", torch="2.11.0", choices=list(choices)
+    )
 
 
 def choice(op="rmsnorm", max_row_bytes=8192, threads=256, rule=128, dtype="bfloat16") -> TunedChoice:
-    return TunedChoice(op=op, dtype=dtype, max_row_bytes=max_row_bytes, threads=threads, rule_threads=rule,
-                       shapes=["1×8192×4096"], rule_us=40.0, tuned_us=36.5)
+    return TunedChoice(
+        op=op,
+        dtype=dtype,
+        max_row_bytes=max_row_bytes,
+        threads=threads,
+        rule_threads=rule,
+        shapes=["1×8192×4096"],
+        rule_us=40.0,
+        tuned_us=36.5,
+    )
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -54,8 +64,10 @@ def test_candidates_stay_within_the_profile(op, dtype):
                 assert b.threads_per_row == tuned.get(b.max_row_bytes, b.threads_per_row), name
             if b.storage == "registers":
                 access = b.elems_per_access * DTYPE_BYTES[dtype]
-                assert b.max_accesses_per_thread * access * len(row_values(spec)) <= \
-                    profile.family_facts("row_reduce")["row_register_bytes_per_thread"]
+                assert (
+                    b.max_accesses_per_thread * access * len(row_values(spec))
+                    <= profile.family_facts("row_reduce")["row_register_bytes_per_thread"]
+                )
                 assert b.threads_per_row * access <= b.max_row_bytes  # every thread holds part of the row
 
 
@@ -66,11 +78,17 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (128, 256)
     assert tuned.grid == 8192 and rule.grid == 4096  # 256 threads per block: one row each instead of two
     why = dict((c, w) for c, _, w in tuned.choices)["threads per row"]
-    assert "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 128" in why and "36.5 µs, the rule 40.0 µs" in why
+    assert (
+        "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 128" in why
+        and "36.5 µs, the rule 40.0 µs" in why
+    )
     kept = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice(threads=128)))
     assert kept.bucket.threads_per_row == 128
     assert "the rule's, confirmed by kgen tune" in dict((c, w) for c, _, w in kept.choices)["threads per row"]
-    assert "profile planner.row_reduce.threads_per_row" in dict((c, w) for c, _, w in rule.choices)["threads per row"]
+    assert (
+        "profile planner.row_reduce.threads_per_row"
+        in dict((c, w) for c, _, w in rule.choices)["threads per row"]
+    )
     other = plan_launch(spec, profile, "float16", 8192, 4096, table(choice()))  # another dtype keeps the rule
     assert other.bucket.threads_per_row == 128
 
@@ -93,8 +111,9 @@ def test_elementwise_and_rotary_tune_their_block():
         tuned = table(choice(op=op, max_row_bytes=None, threads=512, rule=256))
         plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16", tuned)
         assert {b.block_threads for b in plan.buckets} == {512} and plan.block_threads == 512
-        source = render_target(dataclasses.replace(resolve_target(op, "sm_90", ("float16", "bfloat16")),
-                                                   tuning=tuned))[f"{op}_cuda/{op}.cu"]
+        source = render_target(
+            dataclasses.replace(resolve_target(op, "sm_90", ("float16", "bfloat16")), tuning=tuned)
+        )[f"{op}_cuda/{op}.cu"]
         launchers = source.split("cudaError_t launch_")
         assert "constexpr int kBlockThreads = 512;" in next(p for p in launchers if p.startswith("bfloat16"))
         assert "constexpr int kBlockThreads = 256;" in next(p for p in launchers if p.startswith("float16"))
@@ -102,8 +121,12 @@ def test_elementwise_and_rotary_tune_their_block():
 
 def test_a_table_over_the_register_budget_is_refused():
     with pytest.raises(KgenError, match="over the 128 B register budget; re-run `kgen tune`"):
-        plan_kernel(load_spec("rmsnorm"), load_profile("sm_90"), "bfloat16",
-                    table(choice(max_row_bytes=32768, threads=64, rule=512)))
+        plan_kernel(
+            load_spec("rmsnorm"),
+            load_profile("sm_90"),
+            "bfloat16",
+            table(choice(max_row_bytes=32768, threads=64, rule=512)),
+        )
 
 
 def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
@@ -114,11 +137,15 @@ def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
     load_tuning.cache_clear()
     try:
         merge_and_write(table(choice(op="layernorm")), "layernorm", "bfloat16")
-        merge_and_write(table(choice(), choice(max_row_bytes=4096, threads=128, rule=64)), "rmsnorm", "bfloat16")
+        merge_and_write(
+            table(choice(), choice(max_row_bytes=4096, threads=128, rule=64)), "rmsnorm", "bfloat16"
+        )
         merge_and_write(table(choice(threads=64)), "rmsnorm", "bfloat16")  # replaces rmsnorm's entries
         read = load_tuning("sm_90")
-        assert [(c.op, c.max_row_bytes, c.threads) for c in read.choices] == [("layernorm", 8192, 256),
-                                                                               ("rmsnorm", 8192, 64)]
+        assert [(c.op, c.max_row_bytes, c.threads) for c in read.choices] == [
+            ("layernorm", 8192, 256),
+            ("rmsnorm", 8192, 64),
+        ]
         assert read.choices[1].shapes == ["1×8192×4096"] and read.device == "NVIDIA H200"
     finally:
         load_tuning.cache_clear()
@@ -127,10 +154,14 @@ def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
 def row(kgen, peers, mb, same_copy_us, large_gbs=4200.0):
     best = min(peers.values()) if peers else None
     min_bytes = int(mb * 1e6)
-    return {"label": "s", "min_bytes": min_bytes, "times_us": {"kgen": kgen, **peers},
-            "best_peer_over_kgen": best / kgen if best else None,
-            "kgen_pct_large_copy": 100 * min_bytes / kgen / 1e3 / large_gbs,
-            "kgen_pct_same_copy": 100 * same_copy_us / kgen}
+    return {
+        "label": "s",
+        "min_bytes": min_bytes,
+        "times_us": {"kgen": kgen, **peers},
+        "best_peer_over_kgen": best / kgen if best else None,
+        "kgen_pct_large_copy": 100 * min_bytes / kgen / 1e3 / large_gbs,
+        "kgen_pct_same_copy": 100 * same_copy_us / kgen,
+    }
 
 
 def test_bars_apply_by_size():
@@ -144,16 +175,32 @@ def test_bars_apply_by_size():
     between = row(10.0, {}, 10, 9.0)  # 4–32 MB and no peer: no bar applies
     assert bars(between, 4.2, None, None) == {}
     rope3d = row(40.0, {"t": 100.0}, 44, 20.0)
-    assert bars(rope3d, 4.2, "t", 0.45)["<= 0.45x torch.compile"] and not bars(rope3d, 4.2, "t", 0.35)[
-        "<= 0.35x torch.compile"]
+    assert (
+        bars(rope3d, 4.2, "t", 0.45)["<= 0.45x torch.compile"]
+        and not bars(rope3d, 4.2, "t", 0.35)["<= 0.35x torch.compile"]
+    )
 
 
 def test_summary_counts_the_shapes_that_meet_every_bar():
     rows = [row(100.0, {"c": 101.0}, 400, 95.0), row(50.0, {"c": 49.0}, 100, 46.0)]
     for r in rows:
         r["bars"] = bars(r, 4.2, None, None)
-    text = summary([{"op": "rmsnorm", "dtype": "bfloat16", "device": "H200", "arch": "sm_90", "torch": "2.11",
-                     "date": "2026-11-30", "mode": "events", "rounds": 3, "repeats": 100, "rows": rows}])
+    text = summary(
+        [
+            {
+                "op": "rmsnorm",
+                "dtype": "bfloat16",
+                "device": "H200",
+                "arch": "sm_90",
+                "torch": "2.11",
+                "date": "2026-11-30",
+                "mode": "events",
+                "rounds": 3,
+                "repeats": 100,
+                "rows": rows,
+            }
+        ]
+    )
     assert "Every bar met at 1 of 2 shapes." in text
     assert "| rmsnorm | s | 100.0 | 50.0 | 49.0 (c) | 0.98 |" in text
     assert "<= best peer; >= 95 % of same-size copy |" in text

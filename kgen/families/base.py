@@ -1,6 +1,7 @@
-"""What every structure family shares: the plan types, the benchmark case, the render context's common part, and
-the `Family` interface the core calls. A family (one module per structure kind) subclasses `Family` and fills in
-its DSL node, plan, render context, shapes and templates; the core never asks which family it holds."""
+"""What every structure family shares: the plan types, the benchmark case, the render context's common
+part, and the `Family` interface the core calls. A family (one module per structure kind) subclasses
+`Family` and fills in its DSL node, plan, render context, shapes and templates; the core never asks which
+family it holds."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 @dataclass(frozen=True)
 class Case:
-    """One shape an op runs at: the outputs' shape (a rotary op's lead tensor's), broadcast inputs per batch
-    ([..., 1, hidden]) or per token, params other than their defaults, a second rotated tensor's head count."""
+    """One shape an op runs at: the outputs' shape (a rotary op's lead tensor's), broadcast inputs per
+    batch ([..., 1, hidden]) or per token, params other than their defaults, a second rotated tensor's head
+    count."""
 
     shape: tuple[int, ...]
     per_batch: bool = False
@@ -31,8 +33,11 @@ class Case:
     @property
     def label(self) -> str:
         extra = [f"{k}={v:g}" for k, v in self.params] + ([f"k heads {self.k_heads}"] if self.k_heads else [])
-        return ("×".join(map(str, self.shape)) + (" per batch" if self.per_batch else "")
-                + (f" ({', '.join(extra)})" if extra else ""))
+        return (
+            "×".join(map(str, self.shape))
+            + (" per batch" if self.per_batch else "")
+            + (f" ({', '.join(extra)})" if extra else "")
+        )
 
     @property
     def rows(self) -> int:
@@ -132,7 +137,9 @@ class FamilyContext:
 
     conventions: list[ConventionCode]
     templates: Templates
-    fake_outputs: list[str]  # per output, the Python expression of an empty tensor like it (the fake kernel's)
+    fake_outputs: list[
+        str
+    ]  # per output, the Python expression of an empty tensor like it (the fake kernel's)
 
 
 class Family:
@@ -159,10 +166,17 @@ class Family:
         configurations."""
         lines = ["the launcher picks the access width at run time"]
         lines += [f"{key}: {why}" for key, why in plans[0].notes.items()]
-        return lines + [f"{kp.dtype}: " + ", ".join(f"{b.elems_per_access} elem/access" for b in kp.buckets)
-                        + f"; {kp.block_threads} threads/block"
-                        + ("" if kp.notes["block_threads"] == plans[0].notes["block_threads"]
-                           else f" ({kp.notes['block_threads']})") for kp in plans]
+        return lines + [
+            f"{kp.dtype}: "
+            + ", ".join(f"{b.elems_per_access} elem/access" for b in kp.buckets)
+            + f"; {kp.block_threads} threads/block"
+            + (
+                ""
+                if kp.notes["block_threads"] == plans[0].notes["block_threads"]
+                else f" ({kp.notes['block_threads']})"
+            )
+            for kp in plans
+        ]
 
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         raise NotImplementedError
@@ -171,16 +185,17 @@ class Family:
         """The shapes of the generated project's own test: edge sizes and a few real ones."""
         raise NotImplementedError
 
-    # -- kgen tune ---------------------------------------------------------------------------------------------
+    # -- kgen tune -------------------------------------------------------------------------------------------
     def tunable(self, plan: KernelPlan) -> list[Bucket]:
         """The configurations whose threads `kgen tune` varies: by default the vector one."""
         return [b for b in plan.buckets if b.vectorized][:1]
 
-    def threads_allowed(self, spec: OpSpec, profile: ArchProfile, plan: KernelPlan, bucket: Bucket,
-                        threads: int) -> bool:
+    def threads_allowed(
+        self, spec: OpSpec, profile: ArchProfile, plan: KernelPlan, bucket: Bucket, threads: int
+    ) -> bool:
         return 64 <= threads <= profile.max_threads_per_block
 
-    # -- helpers for subclasses ----------------------------------------------------------------------------------
+    # -- helpers for subclasses ------------------------------------------------------------------------------
     def check_facts(self, profile: ArchProfile) -> BaseModel | None:
         """This family's table of the profile, validated (pydantic raises naming the field)."""
         return None if self.facts is None else self.facts.model_validate(profile.family_facts(self.name))
@@ -188,31 +203,45 @@ class Family:
 
 def printed_names(spec: OpSpec) -> dict[str, str]:
     """How the kernels name each param and builtin symbol: members of their Params struct."""
-    return {p.name: f"params.{p.name}" for p in spec.params} | {"hidden": "params.hidden",
-                                                               "inv_hidden": "params.inv_hidden"}
+    return {p.name: f"params.{p.name}" for p in spec.params} | {
+        "hidden": "params.hidden",
+        "inv_hidden": "params.inv_hidden",
+    }
 
 
 def convention_code(spec: OpSpec, names: dict[str, str], lines=None, prologue=None) -> list[ConventionCode]:
     """Each convention with its outputs printed as `<output>_out = ...;` statements (or ``lines(c)``)."""
-    return [ConventionCode(c.name, c.matches, spec.variant(c.name).removeprefix(spec.name),
-                           lines(c) if lines else statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
-                           prologue(c) if prologue else [])
-            for c in spec.structure.conventions]
+    return [
+        ConventionCode(
+            c.name,
+            c.matches,
+            spec.variant(c.name).removeprefix(spec.name),
+            lines(c) if lines else statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
+            prologue(c) if prologue else [],
+        )
+        for c in spec.structure.conventions
+    ]
 
 
-def vector_notes(plan_dtype: str, vector_elems: int, elem_bytes: int, tensors: str, what: str) -> dict[str, str]:
+def vector_notes(
+    plan_dtype: str, vector_elems: int, elem_bytes: int, tensors: str, what: str
+) -> dict[str, str]:
     """The vector path's note; ``tensors`` says which must be aligned, with its verb ("x, out are")."""
     vector_bytes = vector_elems * elem_bytes
-    return {"vector path": f"{vector_bytes}-byte accesses ({vector_elems} × {plan_dtype}) when {tensors} "
-                           f"{vector_bytes}-byte aligned and hidden and strides are multiples of {vector_elems}"
-                           f"{what}: the widest global access a thread can issue (profile max_access_bytes)"}
+    return {
+        "vector path": f"{vector_bytes}-byte accesses ({vector_elems} × {plan_dtype}) when {tensors} "
+        f"{vector_bytes}-byte aligned and hidden and strides are multiples of {vector_elems}"
+        f"{what}: the widest global access a thread can issue (profile max_access_bytes)"
+    }
 
 
 def min_bytes(family: Family, spec: OpSpec, case: Case, elem: int) -> int:
     """Each input read once and each output written once (broadcast inputs counted per row)."""
     full = Case(case.shape, False, case.params, case.k_heads)
-    return sum(math.prod(family.tensor_shape(spec, t, full)) * (4 if t.dtype == "float32" else elem)
-               for t in spec.tensors)
+    return sum(
+        math.prod(family.tensor_shape(spec, t, full)) * (4 if t.dtype == "float32" else elem)
+        for t in spec.tensors
+    )
 
 
 class RowsFamily(Family):
@@ -235,8 +264,8 @@ class RowsFamily(Family):
 
     @staticmethod
     def kernel_arguments(spec: OpSpec) -> tuple[str, str]:
-        """The kernel's tensor parameters and the launcher's matching arguments: pointers, row strides, and the
-        outer strides of broadcast inputs."""
+        """The kernel's tensor parameters and the launcher's matching arguments: pointers, row strides, and
+        the outer strides of broadcast inputs."""
         params, args = [], []
         for t in spec.row_inputs + spec.column_inputs + spec.outputs:
             const = "" if t.role == "output" else "const "
@@ -251,5 +280,9 @@ class RowsFamily(Family):
 def rows_fake_outputs(spec: OpSpec) -> list[str]:
     """Every output has the lead's shape (its last dim halved when the lead is packed)."""
     lead = spec.lead
-    shape = f"list({lead.name}.shape[:-1]) + [{lead.name}.shape[-1] // 2]" if lead.packed else f"{lead.name}.shape"
+    shape = (
+        f"list({lead.name}.shape[:-1]) + [{lead.name}.shape[-1] // 2]"
+        if lead.packed
+        else f"{lead.name}.shape"
+    )
     return [f"torch.empty({shape}, dtype={lead.name}.dtype, device={lead.name}.device)"] * len(spec.outputs)

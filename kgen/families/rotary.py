@@ -1,9 +1,9 @@
-"""The rotary family: pairwise rotation of q (and k) by angles read from cos/sin tables or computed in the kernel
-from each token's place on a latent grid (text-model RoPE, LTX-Video's 3D RoPE).
+"""The rotary family: pairwise rotation of q (and k) by angles read from cos/sin tables or computed in the
+kernel from each token's place on a latent grid (text-model RoPE, LTX-Video's 3D RoPE).
 
-DSL: `Rotary(pairing, rotates, tables | grid, conventions)`. Plan: a thread keeps one channel group and walks
-tokens, rotating every head of a token with cos and sin fetched once; the grid stops at one full wave; heads in
-flight per pairing (profile [planner.rotary]). Templates: codegen_templates/rotary/."""
+DSL: `Rotary(pairing, rotates, tables | grid, conventions)`. Plan: a thread keeps one channel group and
+walks tokens, rotating every head of a token with cos and sin fetched once; the grid stops at one full
+wave; heads in flight per pairing (profile [planner.rotary]). Templates: codegen_templates/rotary/."""
 
 from __future__ import annotations
 
@@ -16,8 +16,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..codegen import statements
 from ..dsl import Identifier, OpSpec, Structure, SympyExpr, Tensor, _Model, check_symbols
 from ..profile import ArchProfile, TuningTable
-from .base import (DTYPE_BYTES, Bucket, Case, Family, FamilyContext, KernelPlan, LaunchPlan, Templates,
-                   convention_code, min_bytes, printed_names, vector_notes)
+from .base import (
+    DTYPE_BYTES,
+    Bucket,
+    Case,
+    Family,
+    FamilyContext,
+    KernelPlan,
+    LaunchPlan,
+    Templates,
+    convention_code,
+    min_bytes,
+    printed_names,
+    vector_notes,
+)
 
 # an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second
 cos, sin, sign = sp.symbols("cos sin sign")
@@ -28,11 +40,11 @@ COORDINATES = "batch axes tokens"  # a float32 [B, axes, S] tensor: each token's
 
 class GridAngles(_Model):
     """Rotary angles computed in the kernel from each token's place on a latent grid (LTX-Video's 3D RoPE).
-    Tokens run row-major over the integer params ``sizes``; ``axes`` name the index along each. The first
-    C mod (2·axes) channels pass through (cos 1, sin 0); channel c >= that pad is in pair j = (c - pad) // 2, with
-    frequency k = j // len(axes) of n_freq = C // (2·axes) and axis j mod len(axes). ``coordinates`` (one per
-    axis, of its index and params), ``frequency`` (of k and n_freq) and ``angle`` (of freq and coord) are fp32
-    math."""
+    Tokens run row-major over the integer params ``sizes``; ``axes`` name the index along each. The first C
+    mod (2·axes) channels pass through (cos 1, sin 0); channel c >= that pad is in pair j = (c - pad) // 2,
+    with frequency k = j // len(axes) of n_freq = C // (2·axes) and axis j mod len(axes). ``coordinates``
+    (one per axis, of its index and params), ``frequency`` (of k and n_freq) and ``angle`` (of freq and
+    coord) are fp32 math."""
 
     axes: list[Identifier] = Field(min_length=1, max_length=3)
     sizes: list[Identifier] = Field(default=[], max_length=3)
@@ -45,11 +57,11 @@ class GridAngles(_Model):
 
 
 class Rotary(Structure):
-    """Pairwise rotation of each tensor in ``rotates`` (q, and optionally k: required '*rows hidden' inputs in the
-    I/O dtype, the lead first) into the outputs, in order: pairs (2i, 2i + 1) ("interleaved", GPT-J / Flux /
-    LTX-Video) or (i, i + D/2) ("half", Llama's rotate_half). cos and sin per element come from the two broadcast
-    input tensors named in ``tables`` (cos, sin), or from ``grid``. Each convention gives an output its element
-    from the input's element, ``<input>_pair``, cos, sin and sign."""
+    """Pairwise rotation of each tensor in ``rotates`` (q, and optionally k: required '*rows hidden' inputs
+    in the I/O dtype, the lead first) into the outputs, in order: pairs (2i, 2i + 1) ("interleaved", GPT-J
+    / Flux / LTX-Video) or (i, i + D/2) ("half", Llama's rotate_half). cos and sin per element come from
+    the two broadcast input tensors named in ``tables`` (cos, sin), or from ``grid``. Each convention gives
+    an output its element from the input's element, ``<input>_pair``, cos, sin and sign."""
 
     kind: str = "rotary"
     pairing: Literal["interleaved", "half"]
@@ -58,7 +70,8 @@ class Rotary(Structure):
     grid: GridAngles | None = None
 
     dims = ("*rows hidden", COORDINATES)
-    # the binding's locals and helpers (the kernels reach tensors as args.<name> only), and the rotation's symbols
+    # the binding's locals and helpers (the kernels reach tensors as args.<name> only), and the rotation's
+    # symbols
     declares = frozenset({"batch", "tokens", "as_bhtd", "load_floats", "store_floats", "sign"})
 
     def check(self, spec: OpSpec) -> set[str]:
@@ -66,25 +79,41 @@ class Rotary(Structure):
         rotated = [by_name.get(n) for n in self.rotates]
         tables = [by_name.get(n) for n in self.tables or ()]
         given = [t for t in spec.inputs if t.dims == COORDINATES]
-        if any(t is None or t.dims != "*rows hidden" or t.dtype != "io" or t.optional or t.broadcast
-               for t in rotated) or rotated[0] is not spec.lead or {"cos", "sin"} & set(self.rotates):
-            raise ValueError(f"structure.rotates: {self.rotates} must name required '*rows hidden' inputs in the "
-                             f"I/O dtype, not broadcast, the lead ({spec.lead.name!r}) first, and not named cos or "
-                             "sin (the rotation's symbols)")
+        if (
+            any(
+                t is None or t.dims != "*rows hidden" or t.dtype != "io" or t.optional or t.broadcast
+                for t in rotated
+            )
+            or rotated[0] is not spec.lead
+            or {"cos", "sin"} & set(self.rotates)
+        ):
+            raise ValueError(
+                f"structure.rotates: {self.rotates} must name required '*rows hidden' inputs in the "
+                f"I/O dtype, not broadcast, the lead ({spec.lead.name!r}) first, and not named cos or "
+                "sin (the rotation's symbols)"
+            )
         if None in tables or set(spec.inputs) - set(rotated) - set(tables) - set(given):
-            raise ValueError("a rotary op takes the tensors it rotates, the cos and sin tables it names in "
-                             "`tables` (or a grid's coordinates input), and nothing else")
+            raise ValueError(
+                "a rotary op takes the tensors it rotates, the cos and sin tables it names in "
+                "`tables` (or a grid's coordinates input), and nothing else"
+            )
         if len(rotated) != len(spec.outputs):
-            raise ValueError(f"a rotary op has one output per rotated input: inputs {self.rotates}, outputs "
-                             f"{[t.name for t in spec.outputs]}")
+            raise ValueError(
+                f"a rotary op has one output per rotated input: inputs {self.rotates}, outputs "
+                f"{[t.name for t in spec.outputs]}"
+            )
         if {t.name for t in given} != ({self.grid.coordinates_input} - {None} if self.grid else set()):
-            raise ValueError(f"a {COORDINATES!r} input is the coordinates_input of a rotary op's grid angles, "
-                             "and that input needs one")
+            raise ValueError(
+                f"a {COORDINATES!r} input is the coordinates_input of a rotary op's grid angles, "
+                "and that input needs one"
+            )
         if any(t.dtype != "float32" or t.optional for t in given):
             raise ValueError("a grid's coordinates input is a required float32 tensor")
         if self.grid is None and (len(tables) != 2 or any(not t.broadcast for t in tables)):
-            raise ValueError("a rotary op without grid angles names its cos and sin tensors in `tables`, each "
-                             "with broadcast=True")
+            raise ValueError(
+                "a rotary op without grid angles names its cos and sin tensors in `tables`, each "
+                "with broadcast=True"
+            )
         if any(spec.inplace.get(o.name, r.name) != r.name for o, r in zip(spec.outputs, rotated)):
             raise ValueError("inplace: a rotary op's output may only overwrite its own rotated input")
         if self.grid is not None:
@@ -97,9 +126,13 @@ class Rotary(Structure):
             raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
         ints = {p.name for p in spec.params if p.integer}
         sizes = len(grid.axes) if grid.coordinates_input is None else 0
-        if not set(grid.sizes) <= ints or not (len(grid.sizes) == sizes and len(grid.axes) == len(grid.coordinates)):
-            raise ValueError(f"structure.grid: one coordinate per axis, and one size per axis (an integer param; "
-                             f"have {sorted(ints)}) unless the coordinates come from coordinates_input")
+        if not set(grid.sizes) <= ints or not (
+            len(grid.sizes) == sizes and len(grid.axes) == len(grid.coordinates)
+        ):
+            raise ValueError(
+                f"structure.grid: one coordinate per axis, and one size per axis (an integer param; "
+                f"have {sorted(ints)}) unless the coordinates come from coordinates_input"
+            )
         floats = {p.name for p in spec.params if not p.integer}
         for axis, expr in zip(grid.axes, grid.coordinates):
             check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}", False)
@@ -146,8 +179,13 @@ class RotaryFamily(Family):
     name = "rotary"
     structure = Rotary
     facts = RotaryFacts
-    templates = Templates(kernel="rotary/kernel.cu.j2", args="rotary/args.h.j2", binding="rotary/binding.cpp.j2",
-                          fake="rotary/fake.py.j2", inputs="rotary/inputs.md.j2")
+    templates = Templates(
+        kernel="rotary/kernel.cu.j2",
+        args="rotary/args.h.j2",
+        binding="rotary/binding.cpp.j2",
+        fake="rotary/fake.py.j2",
+        inputs="rotary/inputs.md.j2",
+    )
 
     def plan(self, spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None) -> RotaryPlan:
         """A thread rotates its channels of one token across the heads, fetching cos and sin once."""
@@ -156,48 +194,79 @@ class RotaryFamily(Family):
         tuned = tuning.threads(spec.name, dtype, None) if tuning else None
         threads = tuned[0] if tuned else profile.planner.block_threads
         heads = self.check_facts(profile).heads_in_flight[pairing]
-        reasons = {"threads_per_row": (tuned[1] + " (threads per block)") if tuned else
-                   f"{threads} threads per block (profile planner.block_threads), each one access of a token's "
-                   "channels in every head (cos and sin fetched once per token), unless that leaves fewer threads "
-                   "than one full wave: then heads are split in chunks",
-                   "rows_per_block": "tokens are flattened: a block covers consecutive channel groups",
-                   "storage": "nothing kept: each element is read once and written once"}
+        reasons = {
+            "threads_per_row": (tuned[1] + " (threads per block)")
+            if tuned
+            else f"{threads} threads per block (profile planner.block_threads), each one access of a token's "
+            "channels in every head (cos and sin fetched once per token), unless that leaves fewer threads "
+            "than one full wave: then heads are split in chunks",
+            "rows_per_block": "tokens are flattened: a block covers consecutive channel groups",
+            "storage": "nothing kept: each element is read once and written once",
+        }
         scalar = 2 if pairing == "interleaved" else 1  # interleaved: a pair is adjacent, one access
         buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (vector, scalar)]
         what = "" if pairing == "interleaved" else " (rotate_half pairs: hidden a multiple of twice that)"
         notes = vector_notes(dtype, vector, elem, "every tensor is", what) | {
-            "scalar path": f"otherwise {'one pair' if scalar == 2 else 'one element'} per access: correct for any "
-                           "alignment and any hidden size",
+            "scalar path": f"otherwise {'one pair' if scalar == 2 else 'one element'} per access: correct "
+            f"for any "
+            "alignment and any hidden size",
             "block_threads": reasons["threads_per_row"],
             "heads in flight": f"{heads} head{'s' if heads > 1 else ''} in flight per thread with "
-                               f"{'rotate_half' if pairing == 'half' else pairing} pairs, "
-                               "all loaded before the first is stored (profile planner.rotary.heads_in_flight)"}
-        return RotaryPlan(spec.name, profile.name, dtype, self.name, elem, vector, scalar, threads, buckets, notes,
-                          heads, profile.sm_count * profile.max_threads_per_sm)
+            f"{'rotate_half' if pairing == 'half' else pairing} pairs, "
+            "all loaded before the first is stored (profile planner.rotary.heads_in_flight)",
+        }
+        return RotaryPlan(
+            spec.name,
+            profile.name,
+            dtype,
+            self.name,
+            elem,
+            vector,
+            scalar,
+            threads,
+            buckets,
+            notes,
+            heads,
+            profile.sm_count * profile.max_threads_per_sm,
+        )
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RotaryPlan, case: Case) -> LaunchPlan:
         rows, hidden = case.rows, case.shape[-1]
         half = spec.structure.pairing == "half"
         vector = hidden % (kernel.vector_elems * (2 if half else 1)) == 0
         b = kernel.buckets[0 if vector else 1]
-        grid = min(-(-rows * (hidden // (b.elems_per_access * (2 if half else 1))) // b.block_threads),
-                   kernel.wave_threads // b.block_threads)
+        grid = min(
+            -(-rows * (hidden // (b.elems_per_access * (2 if half else 1))) // b.block_threads),
+            kernel.wave_threads // b.block_threads,
+        )
         choices = [
-            ("accesses", f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
-             kernel.notes["vector path" if vector else "scalar path"]),
+            (
+                "accesses",
+                f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
+                kernel.notes["vector path" if vector else "scalar path"],
+            ),
             ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
-            ("grid", f"{grid} blocks", f"ceil({rows} × {hidden} / {b.elems_per_access} accesses / "
-             f"{b.block_threads}) on {profile.sm_count} SMs, at most one full wave "
-             f"({kernel.wave_threads // b.block_threads}), threads walking tokens"),
+            (
+                "grid",
+                f"{grid} blocks",
+                f"ceil({rows} × {hidden} / {b.elems_per_access} accesses / "
+                f"{b.block_threads}) on {profile.sm_count} SMs, at most one full wave "
+                f"({kernel.wave_threads // b.block_threads}), threads walking tokens",
+            ),
             ("storage", "none", b.reasons["storage"]),
-            ("heads in flight", str(kernel.heads_in_flight), kernel.notes["heads in flight"])]
-        return LaunchPlan(kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices)
+            ("heads in flight", str(kernel.heads_in_flight), kernel.notes["heads in flight"]),
+        ]
+        return LaunchPlan(
+            kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
+        )
 
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         structure, shape = spec.structure, tuple(case.shape)
         if tensor.dims == COORDINATES:  # [B, axes, S] beside x [B, S, C]
             return (shape[0], len(structure.grid.axes), shape[1])
-        if tensor.name in (structure.tables or ()):  # the lead's shape without the head dim, batch 1 per batch
+        if tensor.name in (
+            structure.tables or ()
+        ):  # the lead's shape without the head dim, batch 1 per batch
             table = shape[:1] + shape[2:] if len(shape) == 4 else shape
             return (1, *table[1:]) if case.per_batch and len(table) == 3 else table
         if tensor is not spec.lead and len(shape) == 4 and case.k_heads:
@@ -214,23 +283,43 @@ class RotaryFamily(Family):
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[RotaryPlan]) -> RotaryContext:
         structure, names = spec.structure, printed_names(spec)
         by_name = {t.name: t for t in spec.inputs}
-        rotated, tables = [by_name[n] for n in structure.rotates], [by_name[n] for n in structure.tables or ()]
-        conventions = convention_code(spec, names, lines=lambda c: {  # a function per output
-            o: statements({f"{o}_out": e}, names) for o, e in c.outputs.items()})
+        rotated, tables = (
+            [by_name[n] for n in structure.rotates],
+            [by_name[n] for n in structure.tables or ()],
+        )
+        conventions = convention_code(
+            spec,
+            names,
+            lines=lambda c: {  # a function per output
+                o: statements({f"{o}_out": e}, names) for o, e in c.outputs.items()
+            },
+        )
         grid = None
         if structure.grid is not None:
             g = structure.grid
-            grid = GridCode(g.axes, g.sizes, g.coordinates_input, [statements({"coord": e}, names)
-                                                                   for e in g.coordinates],
-                            statements({"freq": g.frequency}, names), statements({"angle": g.angle}, names))
+            grid = GridCode(
+                g.axes,
+                g.sizes,
+                g.coordinates_input,
+                [statements({"coord": e}, names) for e in g.coordinates],
+                statements({"freq": g.frequency}, names),
+                statements({"angle": g.angle}, names),
+            )
         lead = spec.lead.name
         fake = [f"torch.empty({t.name}.shape, dtype={lead}.dtype, device={lead}.device)" for t in rotated]
         return RotaryContext(
-            conventions=conventions, templates=self.templates,
+            conventions=conventions,
+            templates=self.templates,
             fake_outputs=fake,
-            pairing=structure.pairing, grid=grid, rotated=structure.rotates, rotated_tensors=rotated, tables=tables,
+            pairing=structure.pairing,
+            grid=grid,
+            rotated=structure.rotates,
+            rotated_tensors=rotated,
+            tables=tables,
             table_float32=any(t.dtype == "float32" for t in tables),
-            heads_expr=[f"args.{t.name}_heads" for t in rotated], heads_in_flight=plans[0].heads_in_flight)
+            heads_expr=[f"args.{t.name}_heads" for t in rotated],
+            heads_in_flight=plans[0].heads_in_flight,
+        )
 
 
 family = RotaryFamily()

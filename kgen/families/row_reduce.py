@@ -1,4 +1,5 @@
-"""The row reduction family: per-row statistics over the last dim, then an elementwise epilogue (norms, AdaLN).
+"""The row reduction family: per-row statistics over the last dim, then an elementwise epilogue (norms,
+AdaLN).
 
 DSL: `RowReduce(prologue, reductions, conventions)`. Plan: a ladder of threads per row by row size (profile
 [planner.row_reduce]), rows kept in registers, shared memory or re-read, a grid-fill rule. Templates:
@@ -15,8 +16,21 @@ from ..codegen import statements
 from ..dsl import BUILTIN_SYMBOLS, Identifier, OpSpec, Structure, SympyExpr, _Model, check_symbols
 from ..errors import PlanError
 from ..profile import ArchProfile, TuningTable
-from .base import (DTYPE_BYTES, Bucket, Case, FamilyContext, KernelPlan, LaunchPlan, RowsFamily, Templates,
-                   convention_code, min_bytes, printed_names, rows_fake_outputs, vector_notes)
+from .base import (
+    DTYPE_BYTES,
+    Bucket,
+    Case,
+    FamilyContext,
+    KernelPlan,
+    LaunchPlan,
+    RowsFamily,
+    Templates,
+    convention_code,
+    min_bytes,
+    printed_names,
+    rows_fake_outputs,
+    vector_notes,
+)
 
 row_sum = sp.Symbol("row_sum")
 
@@ -30,11 +44,11 @@ class Reduction(_Model):
 
 
 class RowReduce(Structure):
-    """An optional prologue (per-element values computed from the '*rows hidden' inputs, kept on chip in the I/O
-    dtype in their place, e.g. r = x + residual), reductions over the last dim (in order; a later one may use
-    earlier stats), then an elementwise epilogue per convention. Row inputs that only the epilogue uses are read
-    there, not kept on chip. Symbols: every statistic (in an epilogue, all of them; in a reduction, the earlier
-    ones), and ``row_sum`` inside a reduction's ``finalize``."""
+    """An optional prologue (per-element values computed from the '*rows hidden' inputs, kept on chip in
+    the I/O dtype in their place, e.g. r = x + residual), reductions over the last dim (in order; a later
+    one may use earlier stats), then an elementwise epilogue per convention. Row inputs that only the
+    epilogue uses are read there, not kept on chip. Symbols: every statistic (in an epilogue, all of them;
+    in a reduction, the earlier ones), and ``row_sum`` inside a reduction's ``finalize``."""
 
     kind: str = "row_reduce"
     prologue: dict[Identifier, SympyExpr] = {}
@@ -42,9 +56,32 @@ class RowReduce(Structure):
 
     dims = ("*rows hidden", "hidden")
     # the [rows, hidden] binding's locals, the kernel's locals, helpers and loop variables
-    declares = frozenset({"rows", "inner", "as_rows", "as_broadcast_rows", "accesses", "fetch", "from_global",
-                          "lane", "partial", "row", "scratch", "col", "per_row", "positions", "stride",
-                          "row_reduce_sum", "for_each_access", "row_sum", "i", "j", "g", "k"})
+    declares = frozenset(
+        {
+            "rows",
+            "inner",
+            "as_rows",
+            "as_broadcast_rows",
+            "accesses",
+            "fetch",
+            "from_global",
+            "lane",
+            "partial",
+            "row",
+            "scratch",
+            "col",
+            "per_row",
+            "positions",
+            "stride",
+            "row_reduce_sum",
+            "for_each_access",
+            "row_sum",
+            "i",
+            "j",
+            "g",
+            "k",
+        }
+    )
 
     def names(self) -> list[str]:
         return [r.stat for r in self.reductions] + list(self.prologue)
@@ -54,8 +91,13 @@ class RowReduce(Structure):
         known = {p.name for p in spec.params} | BUILTIN_SYMBOLS
         for name, expr in self.prologue.items():
             check_symbols(expr, row_names | known, f"structure.prologue.{name}")
-        if self.prologue and not set().union(*(map(str, e.free_symbols) for e in self.prologue.values())) & row_names:
-            raise ValueError("structure.prologue: reads no '*rows ...' input (its values stand for the row's)")
+        if (
+            self.prologue
+            and not set().union(*(map(str, e.free_symbols) for e in self.prologue.values())) & row_names
+        ):
+            raise ValueError(
+                "structure.prologue: reads no '*rows ...' input (its values stand for the row's)"
+            )
         values = set(row_values(spec))  # what the later passes read from the row
         for i, red in enumerate(self.reductions):
             check_symbols(red.summand, values | known, f"structure.reductions.{i}.summand", False)
@@ -63,11 +105,16 @@ class RowReduce(Structure):
             known.add(red.stat)
         for i, conv in enumerate(self.conventions):
             if not set(conv.prologue) <= set(self.prologue):
-                raise ValueError(f"structure.conventions.{i}.prologue: may only replace the structure's prologue "
-                                 f"values {sorted(self.prologue)}, got {sorted(conv.prologue)}")
+                raise ValueError(
+                    f"structure.conventions.{i}.prologue: may only replace the structure's prologue "
+                    f"values {sorted(self.prologue)}, got {sorted(conv.prologue)}"
+                )
             for name, expr in conv.prologue.items():
-                check_symbols(expr, row_names | known - {r.stat for r in self.reductions},
-                              f"structure.conventions.{i}.prologue.{name}")
+                check_symbols(
+                    expr,
+                    row_names | known - {r.stat for r in self.reductions},
+                    f"structure.conventions.{i}.prologue.{name}",
+                )
         return values | {t.name for t in spec.column_inputs} | set(late_inputs(spec)) | set(self.names())
 
 
@@ -173,24 +220,35 @@ class RowReduceFamily(RowsFamily):
     name = "row_reduce"
     structure = RowReduce
     facts = RowReduceFacts
-    templates = Templates(kernel="row_reduce/kernel.cu.j2", args="rows/args.h.j2", binding="rows/binding.cpp.j2",
-                          fake="rows/fake.py.j2", inputs="rows/inputs.md.j2")
+    templates = Templates(
+        kernel="row_reduce/kernel.cu.j2",
+        args="rows/args.h.j2",
+        binding="rows/binding.cpp.j2",
+        fake="rows/fake.py.j2",
+        inputs="rows/inputs.md.j2",
+    )
 
     def check_facts(self, profile: ArchProfile) -> RowReduceFacts:
         facts = super().check_facts(profile)
         widest = max(facts.threads_per_row[-1].threads, profile.planner.block_threads)
         if facts.threads_per_row[-1].threads > profile.max_threads_per_block:
-            raise ValueError("planner.row_reduce.threads_per_row asks for more threads than max_threads_per_block")
+            raise ValueError(
+                "planner.row_reduce.threads_per_row asks for more threads than max_threads_per_block"
+            )
         if facts.row_register_bytes_per_thread // 4 > profile.register_cap(widest) // 2:
-            raise ValueError(f"planner.row_reduce.row_register_bytes_per_thread: {facts.row_register_bytes_per_thread}"
-                             f" B is more than half the {profile.register_cap(widest)} registers a thread of a "
-                             f"{widest}-thread block may hold")
+            raise ValueError(
+                f"planner.row_reduce.row_register_bytes_per_thread: {facts.row_register_bytes_per_thread}"
+                f" B is more than half the {profile.register_cap(widest)} registers a thread of a "
+                f"{widest}-thread block may hold"
+            )
         return facts
 
-    # -- plan --------------------------------------------------------------------------------------------------
-    def plan(self, spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None) -> RowReducePlan:
-        """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better threads for a
-        vector configuration."""
+    # -- plan ------------------------------------------------------------------------------------------------
+    def plan(
+        self, spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None
+    ) -> RowReducePlan:
+        """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better threads
+        for a vector configuration."""
         facts, elem = self.check_facts(profile), DTYPE_BYTES[dtype]
         vector = profile.max_access_bytes // elem
         values, columns = len(row_values(spec)), len(spec.column_inputs)
@@ -198,26 +256,46 @@ class RowReduceFamily(RowsFamily):
         def tuned(max_row_bytes):
             return tuning.threads(spec.name, dtype, max_row_bytes) if tuning else None
 
-        buckets = (self._buckets(profile, facts, elem, vector, values, columns, tuned)
-                   + self._buckets(profile, facts, elem, 1, values, columns, lambda _: None))
-        largest = max(facts.threads_per_row[-1].threads * facts.row_register_bytes_per_thread,
-                      profile.max_shared_memory_per_block - _SCRATCH_BYTES)
+        buckets = self._buckets(profile, facts, elem, vector, values, columns, tuned) + self._buckets(
+            profile, facts, elem, 1, values, columns, lambda _: None
+        )
+        largest = max(
+            facts.threads_per_row[-1].threads * facts.row_register_bytes_per_thread,
+            profile.max_shared_memory_per_block - _SCRATCH_BYTES,
+        )
         notes = vector_notes(dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "") | {
             "scalar path": "otherwise one element per access, the row re-read from L2 instead of cached: "
-                           "correct for any alignment and any hidden size",
-            "clusters": (f"not used: one block holds rows up to {largest // 1024} KB on chip, beyond any hidden "
-                         "size in the shape suite" if profile.clusters
-                         else f"not available on {profile.name} (profile: clusters = false)"),
+            "correct for any alignment and any hidden size",
+            "clusters": (
+                f"not used: one block holds rows up to {largest // 1024} KB on chip, beyond any hidden "
+                "size in the shape suite"
+                if profile.clusters
+                else f"not available on {profile.name} (profile: clusters = false)"
+            ),
             "block_threads": f"{profile.planner.block_threads} threads per block when rows are short "
-                             "(profile planner.block_threads)",
+            "(profile planner.block_threads)",
             "warp size": f"{profile.warp_size} lanes per shuffle reduction (profile warp_size)",
             "grid fill": f"at least {facts.min_blocks_per_sm} blocks per SM × {profile.sm_count} SMs "
-                         "(profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads",
+            "(profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads",
         }
-        return RowReducePlan(spec.name, profile.name, dtype, self.name, elem, vector, 1, profile.planner.block_threads,
-                             buckets, notes, profile.warp_size, facts.min_blocks_per_sm * profile.sm_count)
+        return RowReducePlan(
+            spec.name,
+            profile.name,
+            dtype,
+            self.name,
+            elem,
+            vector,
+            1,
+            profile.planner.block_threads,
+            buckets,
+            notes,
+            profile.warp_size,
+            facts.min_blocks_per_sm * profile.sm_count,
+        )
 
-    def _buckets(self, profile, facts, elem, elems_per_access, row_values, column_inputs, tuned) -> list[Bucket]:
+    def _buckets(
+        self, profile, facts, elem, elems_per_access, row_values, column_inputs, tuned
+    ) -> list[Bucket]:
         access_bytes = elem * elems_per_access
         out = []
         for step in facts.threads_per_row:
@@ -225,10 +303,15 @@ class RowReduceFamily(RowsFamily):
             threads = choice[0] if choice else step.threads
             rows_per_block = max(1, profile.planner.block_threads // threads)
             reasons = {
-                "threads_per_row": choice[1] if choice else
-                f"{threads}: rows up to {step.max_row_bytes} B (profile planner.row_reduce.threads_per_row)",
-                "rows_per_block": (f"{rows_per_block}: {profile.planner.block_threads} threads per block / {threads} "
-                                   "per row" if rows_per_block > 1 else "1: a row needs the whole block"),
+                "threads_per_row": choice[1]
+                if choice
+                else f"{threads}: rows up to {step.max_row_bytes} B (profile "
+                f"planner.row_reduce.threads_per_row)",
+                "rows_per_block": (
+                    f"{rows_per_block}: {profile.planner.block_threads} threads per block / {threads} per row"
+                    if rows_per_block > 1
+                    else "1: a row needs the whole block"
+                ),
             }
             columns = False
             if elems_per_access > 1:
@@ -236,86 +319,166 @@ class RowReduceFamily(RowsFamily):
                 budget = facts.row_register_bytes_per_thread
                 if row_values * accesses * access_bytes > budget:
                     if choice:
-                        raise PlanError(f"arch/tuning/{profile.name}.toml: {threads} threads per row for rows up to "
-                                        f"{step.max_row_bytes} B would hold {row_values * accesses * access_bytes} B "
-                                        f"per thread, over the {budget} B register budget; re-run `kgen tune`")
-                    continue  # several row values would not fit: longer steps or shared memory take these rows
+                        raise PlanError(
+                            f"arch/tuning/{profile.name}.toml: {threads} threads per row for rows up to "
+                            f"{step.max_row_bytes} B would hold {row_values * accesses * access_bytes} B "
+                            f"per thread, over the {budget} B register budget; re-run `kgen tune`"
+                        )
+                    continue  # several row values would not fit: longer steps or shared memory take them
                 cap = profile.register_cap(threads * rows_per_block)
-                reasons["storage"] = (f"registers: {accesses} × {access_bytes} B per thread, within the {budget} B "
-                                      f"budget (profile planner.row_reduce.row_register_bytes_per_thread; "
-                                      f"{budget // 4} of the {cap} registers a thread of this block may hold): "
-                                      "one read, one write")
+                reasons["storage"] = (
+                    f"registers: {accesses} × {access_bytes} B per thread, within the {budget} B "
+                    f"budget (profile planner.row_reduce.row_register_bytes_per_thread; "
+                    f"{budget // 4} of the {cap} registers a thread of this block may hold): "
+                    "one read, one write"
+                )
                 storage = "registers"
                 held = (row_values + column_inputs) * accesses * access_bytes
                 columns = column_inputs > 0 and held <= budget
                 if column_inputs:
-                    reasons["columns"] = (f"{held} B per thread with the row fits the {budget} B budget"
-                                          if columns else f"{held} B per thread with the row would exceed the "
-                                          f"{budget} B budget")
+                    reasons["columns"] = (
+                        f"{held} B per thread with the row fits the {budget} B budget"
+                        if columns
+                        else f"{held} B per thread with the row would exceed the {budget} B budget"
+                    )
             else:
                 accesses = 1
                 reasons["storage"] = "global: scalar path re-reads the row (from L2) instead of caching it"
                 storage = "global"
-            out.append(Bucket(step.max_row_bytes, elems_per_access, threads, rows_per_block, accesses, storage,
-                              columns, reasons))
+            out.append(
+                Bucket(
+                    step.max_row_bytes,
+                    elems_per_access,
+                    threads,
+                    rows_per_block,
+                    accesses,
+                    storage,
+                    columns,
+                    reasons,
+                )
+            )
 
         threads = facts.threads_per_row[-1].threads
         largest_in_registers = threads * facts.row_register_bytes_per_thread
         shared_limit = (profile.max_shared_memory_per_block - _SCRATCH_BYTES) // row_values
         if elems_per_access > 1 and shared_limit > largest_in_registers:
-            out.append(Bucket(shared_limit, elems_per_access, threads, 1, 1, "shared", False, {
-                "threads_per_row": f"{threads}: the longest ladder step",
-                "rows_per_block": "1: a row needs the whole block",
-                "storage": (f"shared memory: beyond {largest_in_registers // 1024} KB in registers, up to the "
+            out.append(
+                Bucket(
+                    shared_limit,
+                    elems_per_access,
+                    threads,
+                    1,
+                    1,
+                    "shared",
+                    False,
+                    {
+                        "threads_per_row": f"{threads}: the longest ladder step",
+                        "rows_per_block": "1: a row needs the whole block",
+                        "storage": (
+                            f"shared memory: beyond {largest_in_registers // 1024} KB in registers, up to "
+                            f"the "
                             f"profile's {profile.max_shared_memory_per_block // 1024} KB per block less "
-                            f"{_SCRATCH_BYTES // 1024} KB scratch: one read, one write"),
-            }))
-        out.append(Bucket(None, elems_per_access, threads, 1, 1, "global", False, {
-            "threads_per_row": f"{threads}: the longest ladder step",
-            "rows_per_block": "1: a row needs the whole block",
-            "storage": "global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)",
-        }))
+                            f"{_SCRATCH_BYTES // 1024} KB scratch: one read, one write"
+                        ),
+                    },
+                )
+            )
+        out.append(
+            Bucket(
+                None,
+                elems_per_access,
+                threads,
+                1,
+                1,
+                "global",
+                False,
+                {
+                    "threads_per_row": f"{threads}: the longest ladder step",
+                    "rows_per_block": "1: a row needs the whole block",
+                    "storage": "global: the row exceeds every on-chip budget; the second pass re-reads it "
+                    "(mostly from L2)",
+                },
+            )
+        )
         return out
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RowReducePlan, case: Case) -> RowLaunch:
         rows, hidden = case.rows, case.shape[-1]
         row_bytes = hidden * kernel.elem_bytes
         vector = hidden % kernel.vector_elems == 0
-        vector_reason = (f"hidden {hidden} is a multiple of {kernel.vector_elems}: {kernel.vector_bytes}-byte accesses"
-                         if vector else f"hidden {hidden} is not a multiple of {kernel.vector_elems}: scalar accesses")
+        vector_reason = (
+            f"hidden {hidden} is a multiple of {kernel.vector_elems}: {kernel.vector_bytes}-byte accesses"
+            if vector
+            else f"hidden {hidden} is not a multiple of {kernel.vector_elems}: scalar accesses"
+        )
         candidates = [b for b in kernel.buckets if b.vectorized == vector]
-        index = next(i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)
+        index = next(
+            i for i, b in enumerate(candidates) if b.max_row_bytes is None or row_bytes <= b.max_row_bytes
+        )
         bucket, widened = widen(candidates, index, rows, hidden, kernel.min_blocks), None
         if bucket is not candidates[index]:
-            widened = (f"{-(-rows // candidates[index].rows_per_block)} blocks would be under {kernel.min_blocks} "
-                       f"({kernel.notes['grid fill']}): the launcher spreads each row over {bucket.threads_per_row} "
-                       f"threads instead of {candidates[index].threads_per_row}")
+            widened = (
+                f"{-(-rows // candidates[index].rows_per_block)} blocks would be under {kernel.min_blocks} "
+                f"({kernel.notes['grid fill']}): the launcher spreads each row over {bucket.threads_per_row} "
+                f"threads instead of {candidates[index].threads_per_row}"
+            )
         grid = -(-rows // bucket.rows_per_block)
         columns_early = bucket.columns_fit and one_wave(grid, bucket, profile)
         shared = row_bytes if bucket.storage == "shared" else 0
         b = bucket
         choices = [
-            ("accesses", f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
-             vector_reason + "; " + kernel.notes["vector path" if b.vectorized else "scalar path"]),
+            (
+                "accesses",
+                f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
+                vector_reason + "; " + kernel.notes["vector path" if b.vectorized else "scalar path"],
+            ),
             ("threads per row", str(b.threads_per_row), widened or b.reasons["threads_per_row"]),
             ("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"]),
             ("block", f"{b.block_threads} threads", "threads per row × rows per block"),
-            ("reduction", reduction(b, kernel.warp_size), f"threads per row <= warp size ({kernel.warp_size})"
-             if b.threads_per_row <= kernel.warp_size
-             else f"{b.threads_per_row // kernel.warp_size} warps per row exchange partial sums once"),
-            ("row lives in", b.storage, b.reasons["storage"])]
+            (
+                "reduction",
+                reduction(b, kernel.warp_size),
+                f"threads per row <= warp size ({kernel.warp_size})"
+                if b.threads_per_row <= kernel.warp_size
+                else f"{b.threads_per_row // kernel.warp_size} warps per row exchange partial sums once",
+            ),
+            ("row lives in", b.storage, b.reasons["storage"]),
+        ]
         if "columns" in b.reasons:
-            waves = "one wave: every block resident" if columns_early or not b.columns_fit else \
-                "several waves: registers are better spent on occupancy"
-            choices.append(("weight", "with the row" if columns_early else "after the reduction",
-                            f"{b.reasons['columns']}; {waves}"))
+            waves = (
+                "one wave: every block resident"
+                if columns_early or not b.columns_fit
+                else "several waves: registers are better spent on occupancy"
+            )
+            choices.append(
+                (
+                    "weight",
+                    "with the row" if columns_early else "after the reduction",
+                    f"{b.reasons['columns']}; {waves}",
+                )
+            )
         choices += [
             ("clusters", "no", kernel.notes["clusters"]),
-            ("grid", f"{grid} blocks", f"ceil({rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
-             f"({grid / profile.sm_count:.1f} blocks per SM)"),
-            ("shared memory", f"{shared} B dynamic", "the row" if shared else "only reduction scratch")]
-        return RowLaunch(kernel, bucket, rows, hidden, grid, shared,
-                         min_bytes(self, spec, case, kernel.elem_bytes), choices, widened, columns_early)
+            (
+                "grid",
+                f"{grid} blocks",
+                f"ceil({rows} rows / {b.rows_per_block}) on {profile.sm_count} SMs "
+                f"({grid / profile.sm_count:.1f} blocks per SM)",
+            ),
+            ("shared memory", f"{shared} B dynamic", "the row" if shared else "only reduction scratch"),
+        ]
+        return RowLaunch(
+            kernel,
+            bucket,
+            rows,
+            hidden,
+            grid,
+            shared,
+            min_bytes(self, spec, case, kernel.elem_bytes),
+            choices,
+            widened,
+            columns_early,
+        )
 
     def describe(self, plans: list[RowReducePlan]) -> list[str]:
         lines = ["one configuration per hidden-size bucket; the launcher picks at run time"]
@@ -325,9 +488,11 @@ class RowReduceFamily(RowsFamily):
             for b in kp.buckets:
                 limit = f"<= {b.max_row_bytes} B" if b.max_row_bytes else "any size"
                 columns = ", weight with the row in one-wave grids" if b.columns_fit else ""
-                lines.append(f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
-                             f"{b.rows_per_block} rows/block, row in {b.storage}{columns}, "
-                             f"{reduction(b, kp.warp_size)}")
+                lines.append(
+                    f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
+                    f"{b.rows_per_block} rows/block, row in {b.storage}{columns}, "
+                    f"{reduction(b, kp.warp_size)}"
+                )
         reasons = {}
         for kp in plans:  # a dtype's reasons differ where a tuning table decided
             for b in kp.buckets:
@@ -336,18 +501,22 @@ class RowReduceFamily(RowsFamily):
                     reasons.setdefault(key if reasons.get(key, why) == why else f"{key} {kp.dtype}", why)
         return lines + ["why:"] + [f"  {key}: {why}" for key, why in reasons.items()]
 
-    # -- kgen tune -----------------------------------------------------------------------------------------------
+    # -- kgen tune -------------------------------------------------------------------------------------------
     def tunable(self, plan: KernelPlan) -> list[Bucket]:
         return [b for b in plan.buckets if b.vectorized and b.storage == "registers"]
 
-    def threads_allowed(self, spec: OpSpec, profile: ArchProfile, plan: KernelPlan, bucket: Bucket,
-                        threads: int) -> bool:
+    def threads_allowed(
+        self, spec: OpSpec, profile: ArchProfile, plan: KernelPlan, bucket: Bucket, threads: int
+    ) -> bool:
         facts, access_bytes = self.check_facts(profile), bucket.elems_per_access * plan.elem_bytes
         accesses = -(-bucket.max_row_bytes // (access_bytes * threads))
-        return (threads <= facts.threads_per_row[-1].threads and threads * access_bytes <= bucket.max_row_bytes
-                and len(row_values(spec)) * accesses * access_bytes <= facts.row_register_bytes_per_thread)
+        return (
+            threads <= facts.threads_per_row[-1].threads
+            and threads * access_bytes <= bucket.max_row_bytes
+            and len(row_values(spec)) * accesses * access_bytes <= facts.row_register_bytes_per_thread
+        )
 
-    # -- render ----------------------------------------------------------------------------------------------------
+    # -- render ----------------------------------------------------------------------------------------------
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan]) -> RowReduceContext:
         structure = spec.structure
         names = printed_names(spec) | {r.stat: f"stats.{r.stat}" for r in structure.reductions}
@@ -355,51 +524,82 @@ class RowReduceFamily(RowsFamily):
         late = [t for t in spec.row_inputs if t.name in late_inputs(spec)]
         early = [t for t in spec.row_inputs if t.name not in late_inputs(spec)]
         kernel_params, launch_args = self.kernel_arguments(spec)
-        conventions = convention_code(spec, names, prologue=lambda c: statements(
-            {f"{v}_out": e for v, e in (structure.prologue | c.prologue).items()}, names))
+        conventions = convention_code(
+            spec,
+            names,
+            prologue=lambda c: statements(
+                {f"{v}_out": e for v, e in (structure.prologue | c.prologue).items()}, names
+            ),
+        )
         return RowReduceContext(
-            conventions=conventions, templates=self.templates, fake_outputs=rows_fake_outputs(spec),
-            reductions=[ReductionCode(r.stat, str(r.summand), str(r.finalize), statements({"partial": r.summand}, names),
-                                      statements({"stat": r.finalize}, names)) for r in structure.reductions],
-            values=values, prologue=bool(structure.prologue), early_inputs=early, late_inputs=late,
-            kernel_params=kernel_params, launch_args=launch_args,
+            conventions=conventions,
+            templates=self.templates,
+            fake_outputs=rows_fake_outputs(spec),
+            reductions=[
+                ReductionCode(
+                    r.stat,
+                    str(r.summand),
+                    str(r.finalize),
+                    statements({"partial": r.summand}, names),
+                    statements({"stat": r.finalize}, names),
+                )
+                for r in structure.reductions
+            ],
+            values=values,
+            prologue=bool(structure.prologue),
+            early_inputs=early,
+            late_inputs=late,
+            kernel_params=kernel_params,
+            launch_args=launch_args,
             row_args=", ".join(f"float {t.name}" for t in early),
             value_args=", ".join(f"float {v}" for v in values),
             values_j=", ".join(f"{v}_f[j]" for v in values),
             prologue_out_args=", ".join(f"float& {v}_out" for v in values),
             prologue_elems=", ".join(_element(t, f"{t.name}_in") for t in early),
-            all_args=", ".join([f"float {v}" for v in values] + [f"float {t.name}" for t in late]
-                               + [f"float {t.name}" for t in spec.column_inputs]),
+            all_args=", ".join(
+                [f"float {v}" for v in values]
+                + [f"float {t.name}" for t in late]
+                + [f"float {t.name}" for t in spec.column_inputs]
+            ),
             value_elems=", ".join(f"to_float(vals.{v}.v[j])" for v in values),
-            epilogue_elems=", ".join([f"to_float(vals.{v}.v[j])" for v in values]
-                                     + [_element(t, f"{t.name}_v") for t in late + spec.column_inputs]),
+            epilogue_elems=", ".join(
+                [f"to_float(vals.{v}.v[j])" for v in values]
+                + [_element(t, f"{t.name}_v") for t in late + spec.column_inputs]
+            ),
             out_args=", ".join(f"float& {t.name}_out" for t in spec.outputs),
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
         )
 
 
 def reduction(bucket: Bucket, warp_size: int) -> str:
-    return "warp shuffle" if bucket.threads_per_row <= warp_size else "warp shuffle + one shared-memory exchange"
+    return (
+        "warp shuffle" if bucket.threads_per_row <= warp_size else "warp shuffle + one shared-memory exchange"
+    )
 
 
 def one_wave(grid: int, bucket: Bucket, profile: ArchProfile) -> bool:
-    """Whether every block is resident at once. Then latency dominates and the weight is loaded with the row; with
-    several waves occupancy dominates and the weight, re-read after the reduction, costs no registers (bench, H200:
-    loading it early slowed 8192×4096 bf16 by 13 %). This estimate assumes full occupancy; the generated launcher
-    asks the CUDA occupancy API."""
+    """Whether every block is resident at once. Then latency dominates and the weight is loaded with the
+    row; with several waves occupancy dominates and the weight, re-read after the reduction, costs no
+    registers (bench, H200: loading it early slowed 8192×4096 bf16 by 13 %). This estimate assumes full
+    occupancy; the generated launcher asks the CUDA occupancy API."""
     return grid * bucket.block_threads <= profile.sm_count * profile.max_threads_per_sm
 
 
 def widen(candidates: list[Bucket], index: int, rows: int, hidden: int, min_blocks: int) -> Bucket:
     """The grid-fill rule, as the generated launcher applies it: while the grid would have fewer than
-    ``min_blocks`` blocks, take the next wider register configuration, as long as every thread keeps at least one
-    access of the row."""
+    ``min_blocks`` blocks, take the next wider register configuration, as long as every thread keeps at
+    least one access of the row."""
     while True:
         b = candidates[index]
         nxt = candidates[index + 1] if index + 1 < len(candidates) else None
-        if (-(-rows // b.rows_per_block) >= min_blocks or nxt is None or nxt.storage != "registers"
-                or b.storage != "registers" or nxt.threads_per_row <= b.threads_per_row
-                or nxt.threads_per_row * nxt.elems_per_access > hidden):
+        if (
+            -(-rows // b.rows_per_block) >= min_blocks
+            or nxt is None
+            or nxt.storage != "registers"
+            or b.storage != "registers"
+            or nxt.threads_per_row <= b.threads_per_row
+            or nxt.threads_per_row * nxt.elems_per_access > hidden
+        ):
             return b
         index += 1
 

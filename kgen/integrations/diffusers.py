@@ -1,16 +1,16 @@
 """Runs a diffusers LTX-Video transformer (`LTXVideoTransformer3DModel`) on kgen's kernels.
 
-In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm, and from the second block on, fused with
-the residual add that ends the block before (`+ ff · gate`: a block hands the next one a `Pending` add, the
-last one hands it to norm_out -> residual_adaln_layernorm); attn2's residual add, norm2 and its modulation ->
-residual_adaln_rmsnorm (one pass over the residual stream); in each attention, norm_q and norm_k
-(torch.nn.RMSNorm across heads) -> rmsnorm, and in self-attention the 3D rotary embedding -> rope3d_qk, q and k in
-one launch with the angles computed in the kernel from the latent grid (rope3d_coords from video_coords), so the
-model's rope no longer builds its two fp32 [B, S, C] tables; the FeedForward's GELU(approximate="tanh") ->
-gelu_tanh. Numerics: diffusers' own roundings (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k
-norms, fp32 rotation rounded once as diffusers' apply_rotary_emb). Modules are matched by class name (diffusers'
-RMSNorm is not torch.nn.RMSNorm) and the whole structure is checked before anything changes.
-"""
+In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm, and from the second block on,
+fused with the residual add that ends the block before (`+ ff · gate`: a block hands the next one a
+`Pending` add, the last one hands it to norm_out -> residual_adaln_layernorm); attn2's residual add, norm2
+and its modulation -> residual_adaln_rmsnorm (one pass over the residual stream); in each attention, norm_q
+and norm_k (torch.nn.RMSNorm across heads) -> rmsnorm, and in self-attention the 3D rotary embedding ->
+rope3d_qk, q and k in one launch with the angles computed in the kernel from the latent grid (rope3d_coords
+from video_coords), so the model's rope no longer builds its two fp32 [B, S, C] tables; the FeedForward's
+GELU(approximate="tanh") -> gelu_tanh. Numerics: diffusers' own roundings (the ops' "diffusers"
+conventions; torch.nn.RMSNorm's for the q/k norms, fp32 rotation rounded once as diffusers'
+apply_rotary_emb). Modules are matched by class name (diffusers' RMSNorm is not torch.nn.RMSNorm) and the
+whole structure is checked before anything changes."""
 
 from __future__ import annotations
 
@@ -22,8 +22,15 @@ from typing import Any, Callable, NamedTuple
 from ..builder import build_op, device_arch, load
 from ..errors import KgenError
 
-OPS = ("adaln_rmsnorm", "residual_adaln_rmsnorm", "residual_adaln_layernorm", "rmsnorm", "rope3d_qk", "rope3d_coords",
-       "gelu_tanh")
+OPS = (
+    "adaln_rmsnorm",
+    "residual_adaln_rmsnorm",
+    "residual_adaln_layernorm",
+    "rmsnorm",
+    "rope3d_qk",
+    "rope3d_coords",
+    "gelu_tanh",
+)
 BLOCK, ATTENTION = "LTXVideoTransformerBlock", "LTXAttention"
 
 
@@ -48,11 +55,17 @@ class Pending(NamedTuple):
     gate: Any
 
 
-def patch(model, *, arch: str | None = None, root: Path = Path("generated"),
-          step: Callable[[str], None] = lambda _: None) -> dict[str, int]:
-    """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it finds);
-    returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not know.
-    A patched block returns a `Pending` residual add for the next block or norm_out: call the model, not a block."""
+def patch(
+    model,
+    *,
+    arch: str | None = None,
+    root: Path = Path("generated"),
+    step: Callable[[str], None] = lambda _: None,
+) -> dict[str, int]:
+    """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it
+    finds); returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not
+    know. A patched block returns a `Pending` residual add for the next block or norm_out: call the model,
+    not a block."""
     _check(model)
     kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in OPS}
     model.rope.forward = MethodType(_latent_grid, model.rope)
@@ -72,36 +85,65 @@ def patch(model, *, arch: str | None = None, root: Path = Path("generated"),
 
 
 PROCESSORS = ("LTXVideoAttnProcessor", "_Attention")  # diffusers', or this module's from an earlier patch
-STRUCTURE = {"": BLOCK, "norm1": "RMSNorm", "norm2": "RMSNorm", "attn1": ATTENTION, "attn2": ATTENTION,  # by class name
-             "attn1.norm_q": "RMSNorm", "attn1.norm_k": "RMSNorm", "attn2.norm_q": "RMSNorm", "attn2.norm_k": "RMSNorm",
-             "attn1.processor": PROCESSORS, "attn2.processor": PROCESSORS}
+STRUCTURE = {
+    "": BLOCK,
+    "norm1": "RMSNorm",
+    "norm2": "RMSNorm",
+    "attn1": ATTENTION,
+    "attn2": ATTENTION,  # by class name
+    "attn1.norm_q": "RMSNorm",
+    "attn1.norm_k": "RMSNorm",
+    "attn2.norm_q": "RMSNorm",
+    "attn2.norm_k": "RMSNorm",
+    "attn1.processor": PROCESSORS,
+    "attn2.processor": PROCESSORS,
+}
 
 
 def _check(model) -> None:
     name = type(model).__name__
     if name != "LTXVideoTransformer3DModel":
-        raise KgenError(f"kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel, not {name}")
+        raise KgenError(
+            f"kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel, not {name}"
+        )
     if any(hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook") for m in model.modules()):
-        raise KgenError("LTXVideoTransformer3DModel: patch it before enable_model_cpu_offload (or any accelerate or "
-                        "diffusers hook: offloading, caching), whose hooks wrap the forwards the patch replaces")
+        raise KgenError(
+            "LTXVideoTransformer3DModel: patch it before enable_model_cpu_offload (or any accelerate or "
+            "diffusers hook: offloading, caching), whose hooks wrap the forwards the patch replaces"
+        )
     norm = model.norm_out
     if type(norm).__name__ != "LayerNorm" or norm.weight is not None or norm.bias is not None:
-        raise KgenError(f"LTXVideoTransformer3DModel.norm_out: a {type(norm).__name__}, not a LayerNorm without affine")
+        raise KgenError(
+            f"LTXVideoTransformer3DModel.norm_out: a {type(norm).__name__}, not a LayerNorm without affine"
+        )
     if type(model.rope).__name__ != "LTXVideoRotaryPosEmbed":
-        raise KgenError(f"LTXVideoTransformer3DModel: rope is a {type(model.rope).__name__}, not LTXVideoRotaryPosEmbed")
+        raise KgenError(
+            f"LTXVideoTransformer3DModel: rope is a {type(model.rope).__name__}, not LTXVideoRotaryPosEmbed"
+        )
     for i, block in enumerate(model.transformer_blocks):
         for path, wanted in STRUCTURE.items():
             found = type(functools.reduce(getattr, path.split(".") if path else [], block)).__name__
             if found not in (wanted if isinstance(wanted, tuple) else (wanted,)):
-                raise KgenError(f"LTXVideoTransformer3DModel.transformer_blocks.{i}{'.' * bool(path)}{path}: a {found}, "
-                                f"not a {wanted if isinstance(wanted, str) else wanted[0]}")
+                raise KgenError(
+                    f"LTXVideoTransformer3DModel.transformer_blocks.{i}{'.' * bool(path)}{path}: a {found}, "
+                    f"not a {wanted if isinstance(wanted, str) else wanted[0]}"
+                )
             if path in ("norm1", "norm2") and getattr(getattr(block, path), "bias", None) is not None:
-                raise KgenError(f"LTXVideoTransformer3DModel.transformer_blocks.{i}.{path}: an RMSNorm with a bias, "
-                                "which kgen's adaln ops do not add")
+                raise KgenError(
+                    f"LTXVideoTransformer3DModel.transformer_blocks.{i}.{path}: an RMSNorm with a bias, "
+                    "which kgen's adaln ops do not add"
+                )
 
 
-def _latent_grid(self, hidden_states, num_frames=None, height=None, width=None, rope_interpolation_scale=None,
-                 video_coords=None) -> LatentGrid:
+def _latent_grid(
+    self,
+    hidden_states,
+    num_frames=None,
+    height=None,
+    width=None,
+    rope_interpolation_scale=None,
+    video_coords=None,
+) -> LatentGrid:
     """LTXVideoRotaryPosEmbed.forward's arguments, kept for the kernels. Without rope_interpolation_scale
     diffusers uses the grid indices as they are: scales of base / patch do that."""
     base = (float(self.base_num_frames), float(self.base_height), float(self.base_width))
@@ -111,15 +153,21 @@ def _latent_grid(self, hidden_states, num_frames=None, height=None, width=None, 
     else:
         scales = tuple(float(s) for s in rope_interpolation_scale)
     coords = None if video_coords is None else video_coords.float()
-    return LatentGrid(num_frames or 1, height or 1, width or 1, scales, patches, base, float(self.theta), coords)
+    return LatentGrid(
+        num_frames or 1, height or 1, width or 1, scales, patches, base, float(self.theta), coords
+    )
 
 
 def _rotate(kernels, query, key, grid: LatentGrid):
     if grid.coords is not None:
         rope = kernels["rope3d_coords"].rope3d_coords
-        return (rope(query, grid.coords, grid.theta, *grid.base), rope(key, grid.coords, grid.theta, *grid.base))
-    return kernels["rope3d_qk"].rope3d_qk(query, key, grid.frames, grid.height, grid.width, grid.theta, *grid.base,
-                                          *grid.scales, *grid.patches)
+        return (
+            rope(query, grid.coords, grid.theta, *grid.base),
+            rope(key, grid.coords, grid.theta, *grid.base),
+        )
+    return kernels["rope3d_qk"].rope3d_qk(
+        query, key, grid.frames, grid.height, grid.width, grid.theta, *grid.base, *grid.scales, *grid.patches
+    )
 
 
 def _rms(kernels, norm, x):
@@ -131,15 +179,17 @@ def _rms(kernels, norm, x):
 
 
 class _Attention:
-    """An LTX attention processor: diffusers' steps (projections, q/k norms, rotary, attention dispatch, output
-    projection), with kgen's norm and rotary kernels."""
+    """An LTX attention processor: diffusers' steps (projections, q/k norms, rotary, attention dispatch,
+    output projection), with kgen's norm and rotary kernels."""
 
     def __init__(self, kernels, original):
         self.kernels = kernels
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+    def __call__(
+        self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None
+    ):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_ltx import apply_rotary_emb
 
@@ -155,32 +205,70 @@ class _Attention:
         elif image_rotary_emb is not None:  # tables from an unpatched rope
             query, key = apply_rotary_emb(query, image_rotary_emb), apply_rotary_emb(key, image_rotary_emb)
         heads = [t.unflatten(2, (attn.heads, -1)) for t in (query, key, value)]
-        out = dispatch_attention_fn(*heads, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = dispatch_attention_fn(
+            *heads,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         return attn.to_out[1](attn.to_out[0](out.flatten(2, 3).to(query.dtype)))
 
 
 def _block_forward(kernels):
-    adaln, residual_adaln = kernels["adaln_rmsnorm"].adaln_rmsnorm, kernels["residual_adaln_rmsnorm"].residual_adaln_rmsnorm
+    adaln, residual_adaln = (
+        kernels["adaln_rmsnorm"].adaln_rmsnorm,
+        kernels["residual_adaln_rmsnorm"].residual_adaln_rmsnorm,
+    )
 
-    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
-        """LTXVideoTransformerBlock's dataflow in diffusers' roundings; each norm fused with its modulation and the
-        residual add before it (attn2's for norm2; for norm1, the block before's, handed over as `Pending`)."""
+    def forward(
+        self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None
+    ):
+        """LTXVideoTransformerBlock's dataflow in diffusers' roundings; each norm fused with its modulation
+        and the residual add before it (attn2's for norm2; for norm1, the block before's, handed over as
+        `Pending`)."""
         table = self.scale_shift_table
-        modulation = table[None, None].to(temb.device) + temb.reshape(temb.shape[0], temb.shape[1], table.shape[0], -1)
+        modulation = table[None, None].to(temb.device) + temb.reshape(
+            temb.shape[0], temb.shape[1], table.shape[0], -1
+        )
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.unbind(dim=2)
         if isinstance(hidden_states, Pending):  # the block before's `+ ff · gate`, fused with this norm
             before = hidden_states
-            normed, hidden_states = residual_adaln(before.hidden, before.ff, scale_msa, shift_msa, before.gate,
-                                                   self.norm1.weight, self.norm1.eps, convention="diffusers")
+            normed, hidden_states = residual_adaln(
+                before.hidden,
+                before.ff,
+                scale_msa,
+                shift_msa,
+                before.gate,
+                self.norm1.weight,
+                self.norm1.eps,
+                convention="diffusers",
+            )
         else:
-            normed = adaln(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps, convention="diffusers")
-        attended = self.attn1(hidden_states=normed, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
+            normed = adaln(
+                hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps, convention="diffusers"
+            )
+        attended = self.attn1(
+            hidden_states=normed, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb
+        )
         hidden_states = hidden_states + attended * gate_msa
-        crossed = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                             attention_mask=encoder_attention_mask)
-        normed, hidden_states = residual_adaln(hidden_states, crossed, scale_mlp, shift_mlp, None, self.norm2.weight,
-                                               self.norm2.eps, convention="diffusers")
+        crossed = self.attn2(
+            hidden_states,
+            encoder_hidden_states=encoder_hidden_states,
+            image_rotary_emb=None,
+            attention_mask=encoder_attention_mask,
+        )
+        normed, hidden_states = residual_adaln(
+            hidden_states,
+            crossed,
+            scale_mlp,
+            shift_mlp,
+            None,
+            self.norm2.weight,
+            self.norm2.eps,
+            convention="diffusers",
+        )
         return Pending(hidden_states, self.ff(normed), gate_mlp)
 
     return forward
@@ -188,8 +276,9 @@ def _block_forward(kernels):
 
 def _final_norm(kernel):
     def forward(self, hidden_states):
-        """norm_out (LayerNorm, no affine) after the last block, with its pending residual add: the modulation that
-        follows stays in the model's code, so scale and shift are 0 here (diffusers' roundings: exact)."""
+        """norm_out (LayerNorm, no affine) after the last block, with its pending residual add: the
+        modulation that follows stays in the model's code, so scale and shift are 0 here (diffusers'
+        roundings: exact)."""
         if not isinstance(hidden_states, Pending):
             return type(self).forward(self, hidden_states)
         x, ff, gate = hidden_states

@@ -25,8 +25,16 @@ from .transformers import kernelize
 WARMUP = 3
 VARIANTS = ("eager", "eager + kgen", "torch.compile", "torch.compile + kgen")
 GOALS = {"eager + kgen": ("eager", 1.10), "torch.compile + kgen": ("torch.compile", 1.03)}
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, num_hidden_layers=36)
+QWEN3_8B = dict(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    num_hidden_layers=36,
+)
 
 
 def _median_ms(torch, device: str, repeats: int, fn: Callable[[], object]) -> float:
@@ -59,12 +67,22 @@ def _ltx(torch, device, config, patch_kwargs, steps):  # steps: the decode budge
     patch(kgen, **patch_kwargs)
     workloads = {}
     for grid in [(7, 16, 24), (21, 16, 24)] if not config else [(2, 3, 4)]:
-        inputs = dict(hidden_states=torch.randn(2, grid[0] * grid[1] * grid[2], model.config.in_channels),
-                      encoder_hidden_states=torch.randn(2, 128, model.config.caption_channels),
-                      timestep=torch.tensor([500, 500]), encoder_attention_mask=torch.ones(2, 128))
-        inputs = {k: v.to(device, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()}
-        kwargs = dict(num_frames=grid[0], height=grid[1], width=grid[2], rope_interpolation_scale=(8 / 25, 32, 32),
-                      return_dict=False)
+        inputs = dict(
+            hidden_states=torch.randn(2, grid[0] * grid[1] * grid[2], model.config.in_channels),
+            encoder_hidden_states=torch.randn(2, 128, model.config.caption_channels),
+            timestep=torch.tensor([500, 500]),
+            encoder_attention_mask=torch.ones(2, 128),
+        )
+        inputs = {
+            k: v.to(device, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()
+        }
+        kwargs = dict(
+            num_frames=grid[0],
+            height=grid[1],
+            width=grid[2],
+            rope_interpolation_scale=(8 / 25, 32, 32),
+            return_dict=False,
+        )
         name = f"LTX-Video forward, B=2, S={grid[0] * grid[1] * grid[2]} ({'×'.join(map(str, grid))})"
         workloads[name] = lambda m, inputs=inputs, kwargs=kwargs: m(**inputs, **kwargs)
     return model, kgen, workloads
@@ -86,29 +104,44 @@ def _qwen3(torch, device, config, kernelize_kwargs, steps):
     def decode(m):
         if id(m) not in caches:  # each model (compiled or not) fills its own cache with the context once
             cache = StaticCache(config=cfg, max_cache_len=context + steps)
-            m(torch.randint(0, cfg.vocab_size, (batch, context), device=device), past_key_values=cache,
-              use_cache=True)
+            m(
+                torch.randint(0, cfg.vocab_size, (batch, context), device=device),
+                past_key_values=cache,
+                use_cache=True,
+            )
             caches[id(m)] = cache
         return m(tokens, past_key_values=caches[id(m)], use_cache=True)
 
-    workloads = {f"Qwen3 prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
-                 f"Qwen3 decode step, batch {batch}, {context} tokens of context": decode}
+    workloads = {
+        f"Qwen3 prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
+        f"Qwen3 decode step, batch {batch}, {context} tokens of context": decode,
+    }
     return model, kgen, workloads
 
 
-def run_e2e(target: str, *, rounds: int = 3, repeats: int = 20, device: str = "cuda", config: dict | None = None,
-            variants: tuple[str, ...] = VARIANTS, build_root: Path = Path("build/bench"), arch: str | None = None,
-            log: Callable[[str], None] = print) -> dict:
-    """{"target", "device", "torch", "rows": [{"workload", "<variant> ms", ...}]}. ``config`` replaces the real
-    model's (a small model for tests)."""
+def run_e2e(
+    target: str,
+    *,
+    rounds: int = 3,
+    repeats: int = 20,
+    device: str = "cuda",
+    config: dict | None = None,
+    variants: tuple[str, ...] = VARIANTS,
+    build_root: Path = Path("build/bench"),
+    arch: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """{"target", "device", "torch", "rows": [{"workload", "<variant> ms", ...}]}. ``config`` replaces the
+    real model's (a small model for tests)."""
     import torch
 
     builders = {"ltx": _ltx, "qwen3": _qwen3}
     if target not in builders:
         raise KgenError(f"--e2e takes one of {sorted(builders)}, got {target!r}")
     torch.manual_seed(0)
-    model, kgen, workloads = builders[target](torch, device, config, dict(root=build_root, arch=arch, step=log),
-                                              rounds * (repeats + WARMUP))
+    model, kgen, workloads = builders[target](
+        torch, device, config, dict(root=build_root, arch=arch, step=log), rounds * (repeats + WARMUP)
+    )
     models = {"eager": model, "eager + kgen": kgen}
     if "torch.compile" in variants:
         models["torch.compile"] = torch.compile(model)
@@ -127,20 +160,38 @@ def run_e2e(target: str, *, rounds: int = 3, repeats: int = 20, device: str = "c
                 row[f"{variant} speed-up"] = row[f"{base} ms"] / row[f"{variant} ms"]
         rows.append(row)
     name = torch.cuda.get_device_name() if device == "cuda" else device
-    return {"target": target, "device": name, "torch": torch.__version__, "rounds": rounds, "repeats": repeats,
-            "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    return {
+        "target": target,
+        "device": name,
+        "torch": torch.__version__,
+        "rounds": rounds,
+        "repeats": repeats,
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
 
 
 def markdown(result: dict) -> str:
     variants = [v for v in VARIANTS if f"{v} ms" in result["rows"][0]]
     ups = [v for v in GOALS if f"{v} speed-up" in result["rows"][0]]
-    head = ["workload", *(f"{v} ms" for v in variants), *(f"{v} / {GOALS[v][0]} (goal ≥ {GOALS[v][1]}×)" for v in ups)]
-    lines = [f"{result['target']}: {result['device']}, torch {result['torch']}, {result['date']}; median of "
-             f"{result['rounds']} rounds of {result['repeats']} runs.", "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
+    head = [
+        "workload",
+        *(f"{v} ms" for v in variants),
+        *(f"{v} / {GOALS[v][0]} (goal ≥ {GOALS[v][1]}×)" for v in ups),
+    ]
+    lines = [
+        f"{result['target']}: {result['device']}, torch {result['torch']}, {result['date']}; median of "
+        f"{result['rounds']} rounds of {result['repeats']} runs.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for row in result["rows"]:
-        cells = [row["workload"], *(f"{row[f'{v} ms']:.2f}" for v in variants),
-                 *(f"{row[f'{v} speed-up']:.3f}" for v in ups)]
+        cells = [
+            row["workload"],
+            *(f"{row[f'{v} ms']:.2f}" for v in variants),
+            *(f"{row[f'{v} speed-up']:.3f}" for v in ups),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1,10 +1,10 @@
 """Serves a transformers model's layers with kgen kernels through `kernels.kernelize`.
 
-transformers marks its layers for `kernels` (Qwen3RMSNorm is `@use_kernel_forward_from_hub("RMSNorm")`) only with
-the kernels versions it supports (0.16.x for transformers 5.17, where kgen needs 0.17). So kgen marks the classes
-its specs' layers replace itself, with kernels' `replace_kernel_forward_from_hub` (keeping a name transformers
-already gave), builds the projects and kernelizes with a mapping to them. No transformers code is copied.
-"""
+transformers marks its layers for `kernels` (Qwen3RMSNorm is `@use_kernel_forward_from_hub("RMSNorm")`)
+only with the kernels versions it supports (0.16.x for transformers 5.17, where kgen needs 0.17). So kgen
+marks the classes its specs' layers replace itself, with kernels' `replace_kernel_forward_from_hub`
+(keeping a name transformers already gave), builds the projects and kernelizes with a mapping to them. No
+transformers code is copied."""
 
 from __future__ import annotations
 
@@ -17,22 +17,38 @@ from ..builder import build_op, device_arch
 from ..catalog import load_spec
 from ..errors import KgenError
 
-OPS = ("rmsnorm", "silu_mul")  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" on request
+OPS = (
+    "rmsnorm",
+    "silu_mul",
+)  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" on request
 
 
-def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, root: Path = Path("generated"),
-              mode=None, step: Callable[[str], None] = lambda _: None) -> dict[str, str]:
+def kernelize(
+    model,
+    ops: tuple[str, ...] = OPS,
+    *,
+    arch: str | None = None,
+    root: Path = Path("generated"),
+    mode=None,
+    step: Callable[[str], None] = lambda _: None,
+) -> dict[str, str]:
     """Replaces the forward of every module of ``model`` that a layer of ``ops`` replaces (and whose condition
     holds) with that layer's, from ``root/<op>-<arch>`` (written and built when missing or stale). Returns
     {module name or function path: "<op>.<layer>"} for what now runs on kgen; refuses a model none of whose
     modules is known.
 
-    A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts kernels'
-    module for it in the function's place, as transformers does with the kernels versions it supports: the model's
-    code calls it by name, so once kernelized, every model of that modeling file in the process runs kgen's rope."""
-    from kernels import LocalLayerRepository, Mode, replace_kernel_forward_from_hub, use_kernel_mapping
+    A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts
+    kernels' module for it in the function's place, as transformers does with the kernels versions it
+    supports: the model's code calls it by name, so once kernelized, every model of that modeling file in
+    the process runs kgen's rope."""
+    from kernels import (
+        LocalLayerRepository,
+        Mode,
+        replace_kernel_forward_from_hub,
+        use_kernel_forward_from_hub,
+        use_kernel_mapping,
+    )
     from kernels import kernelize as kernels_kernelize
-    from kernels import use_kernel_forward_from_hub
 
     arch = arch or device_arch()
     classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in model.modules()}
@@ -61,19 +77,24 @@ def kernelize(model, ops: tuple[str, ...] = OPS, *, arch: str | None = None, roo
                     functions[path] = (function, f"{op}.{layer.name}")
                 mapping[name] = {"cuda": repository}
     if not mapping:
-        known = sorted({p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces})
-        raise KgenError(f"{type(model).__name__}: no module is one that kgen's {', '.join(ops)} layers replace "
-                        f"({', '.join(known)})")
+        known = sorted(
+            {p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces}
+        )
+        raise KgenError(
+            f"{type(model).__name__}: no module is one that kgen's {', '.join(ops)} layers replace "
+            f"({', '.join(known)})"
+        )
     with use_kernel_mapping(mapping, inherit_mapping=False):
         kernels_kernelize(model, mode=mode or Mode.INFERENCE, device="cuda", use_fallback=True)
-    served = {name: layers[type(m)] for name, m in model.named_modules()
-              if type(m) in layers and _replaced(m)}
+    served = {
+        name: layers[type(m)] for name, m in model.named_modules() if type(m) in layers and _replaced(m)
+    }
     return served | {path: layer for path, (function, layer) in functions.items() if _replaced(function)}
 
 
 def _replaced_by(path: str, classes: dict, files: set):
-    """The model's class at ``path``, or the function (or kernels' module for it) at ``path`` in a file the model's
-    classes come from; None otherwise."""
+    """The model's class at ``path``, or the function (or kernels' module for it) at ``path`` in a file the
+    model's classes come from; None otherwise."""
     if path in classes:
         return classes[path]
     where, attr = path.rsplit(".", 1)

@@ -5,9 +5,9 @@ Order: reference, then the spec.
 
 import sympy as sp
 import torch
+from kgen_families.row_scale import RowScale
 
 from kgen.dsl import Convention, OpSpec, Tensor
-from kgen_families.row_scale import RowScale
 
 x, s = sp.symbols("x s")
 
@@ -25,8 +25,10 @@ spec = OpSpec(
         Tensor(name="s", dims="*rows", doc="one scale per row: x's leading dims"),
         Tensor(name="out", dims="*rows hidden", role="output"),
     ],
-    structure=RowScale(conventions=[
-        Convention(name="single_rounding", outputs={"out": x * s}, matches="x · s in fp32, rounded once"),
-    ]),
+    structure=RowScale(
+        conventions=[
+            Convention(name="single_rounding", outputs={"out": x * s}, matches="x · s in fp32, rounded once"),
+        ]
+    ),
     reference=scale_rows_ref,
 )
