@@ -105,6 +105,7 @@ GENERATED_NAMES = {
     "check_device",
     "io_dtype",
     "shape_str",
+    "number_str",
     "check_capability",
     "pack",
     "to_float",
@@ -222,6 +223,8 @@ class Param(_Model):
     def _integer(self) -> Param:
         if self.integer and self.default != int(self.default):
             raise ValueError(f"integer param {self.name!r} needs an integer default, got {self.default}")
+        if self.positive and not self.default > 0:
+            raise ValueError(f"param {self.name!r} is positive: its default must be > 0, got {self.default}")
         return self
 
 
@@ -383,11 +386,23 @@ class OpSpec(_Model):
                 f"copies the reference and the functions it calls, with {sorted(REFERENCE_GLOBALS)} "
                 "imported"
             )
-        if (
-            len(self.structure.conventions) > 1
-            and "convention" not in inspect.signature(self.reference).parameters
-        ):
+        signature = inspect.signature(self.reference)
+        if len(self.structure.conventions) > 1 and "convention" not in signature.parameters:
             raise ValueError("reference must take a `convention` argument (the op has several conventions)")
+        # called as reference(*inputs, *params) (bench, tests) and reference(*inputs, **params) (project
+        # tests)
+        inputs, params = [t.name for t in self.inputs], {p.name: p.default for p in self.params}
+        for shown, args, kwargs in [
+            (", ".join(inputs + list(params)), inputs + list(params.values()), {}),
+            (", ".join(inputs + [f"{p}=..." for p in params]), inputs, params),
+        ]:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as err:
+                raise ValueError(
+                    f"reference{signature} cannot be called as {self.reference.__name__}({shown}) with the "
+                    f"spec's inputs and params: {err}"
+                ) from None
 
     def _check_layers(self, conventions: set[str]) -> None:
         required = {t.name for t in self.inputs}

@@ -84,6 +84,8 @@ class ProjectContext:
     reference_takes_convention: bool
     test_cases: list[ExampleCase]
     bench_cases: list[ExampleCase]
+    other_params: dict[str, float]  # every float param away from its default (the generated test)
+    optional_inputs: list[str]
 
 
 def _environment() -> jinja2.Environment:
@@ -243,6 +245,8 @@ def project_context(
         reference_takes_convention="convention" in inspect.signature(spec.reference).parameters,
         test_cases=[example(c) for c in family.example_cases(spec)],
         bench_cases=[example(c) for c in suite(op) or family.example_cases(spec)],
+        other_params={p.name: 2 * p.default + 0.5 for p in spec.params if not p.integer},
+        optional_inputs=[t.name for t in spec.inputs if t.optional],
     )
 
 

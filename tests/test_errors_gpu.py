@@ -113,16 +113,28 @@ def bad_calls(op):
             rf"{op}: x.*must be even",
         )
     for i, p in enumerate(spec.params):
-        if not p.positive:
-            continue
-        kind = "an integer" if p.integer else "a finite number"
-        for value in (0, -3) if p.integer else (0.0, -1e-6, math.nan, math.inf):
-            yield (
-                f"{p.name}={value}",
-                *variant(change_param=(i, value)),
-                ValueError,
-                rf"{op}: {p.name} must be {kind} > 0, got",
+        if p.integer and p.positive:
+            for value in (0, -3):
+                yield (
+                    f"{p.name}={value}",
+                    *variant(change_param=(i, value)),
+                    ValueError,
+                    rf"{op}: {p.name} must be an integer > 0, got",
+                )
+        elif not p.integer:  # checked as the kernel's float32: 1e300 is inf there, 1e-300 zero
+            bad = (
+                (0.0, -1e-6, math.nan, math.inf, 1e300, 1e-300)
+                if p.positive
+                else (math.nan, math.inf, -1e300)
             )
+            for value in bad:
+                yield (
+                    f"{p.name}={value}",
+                    *variant(change_param=(i, value)),
+                    ValueError,
+                    rf"{op}: {p.name} must be a finite number{' > 0' if p.positive else ''} in float32, got "
+                    + re.escape(f"{value:.17g}"),
+                )
 
 
 @pytest.mark.parametrize("op", OPS)

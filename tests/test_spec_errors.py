@@ -23,6 +23,7 @@ GOOD = {
     "conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * weight})]',
     "layers": "[]",
     "ref_body": "return x",
+    "ref_args": 'x, weight=None, eps=1e-6, convention="plain"',
 }
 
 TEMPLATE = """
@@ -30,7 +31,7 @@ import sympy as sp
 from kgen.dsl import *
 from kgen.families.row_reduce import *
 x, y, weight, eps, rstd = sp.symbols("x y weight eps rstd")
-def ref(x, weight=None, eps=1e-6, convention="plain"):
+def ref({ref_args}):
     {ref_body}
 spec = OpSpec(name={name}, summary="a test op", tensors={tensors}, params={params},
               structure=RowReduce(reductions={reductions}, conventions={conventions}),
@@ -276,6 +277,25 @@ CASES = [
         },  # a loop variable of the row kernels
         ["names ['k'] are reserved"],
     ),
+    (
+        {"params": '[Param(name="eps", default=-1.0, positive=True)]'},
+        ["Param: Value error, param 'eps' is positive: its default must be > 0, got -1.0"],
+    ),
+    (
+        {"ref_args": "x, weight=None"},
+        [
+            "reference(x, weight=None) cannot be called as ref(x, weight, eps) with the spec's inputs and "
+            "params: "
+            "too many positional arguments"
+        ],
+    ),
+    (
+        {"ref_args": 'x, weight=None, convention="plain"'},
+        [
+            "cannot be called as ref(x, weight, eps=...) with the spec's inputs and params: got an "
+            "unexpected keyword"
+        ],
+    ),
 ]
 
 
@@ -332,7 +352,7 @@ from kgen.families.elementwise import *
 from kgen.families.rotary import *
 from kgen.families.row_reduce import *
 x, x_pair, h, gate, k = sp.symbols("x x_pair h gate k")
-def ref(x, *rest, convention="plain"):
+def ref(x, *rest, convention="plain", **params):
     return x
 spec = OpSpec(name="bad", summary="a test op", tensors={tensors}, params={params}, structure={structure},
               reference=ref, inplace={inplace})

@@ -35,7 +35,7 @@ HOLDER = "_kgen_fuzz_spec"  # the fuzz folder's <name>.py is `from _kgen_fuzz_sp
 FUZZ = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def reference(x, *rest, convention="plain"):
+def reference(x, *rest, convention="plain", **params):
     return x
 
 

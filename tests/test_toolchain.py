@@ -12,7 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from kgen.builder import compile_kernel, load, ops_name, parse_ptxas, variant_name, write_project
+from kgen.builder import (
+    build_project,
+    compile_kernel,
+    load,
+    ops_name,
+    parse_ptxas,
+    variant_name,
+    write_project,
+)
 from kgen.catalog import arch_names, load_profile, load_spec, op_names
 from kgen.project import resolve_target
 
@@ -101,6 +109,40 @@ def test_loads_through_kernels_on_cpu(cpu_built):
             assert out.shape == x.shape and out.dtype == x.dtype
         with pytest.raises(Exception, match="weight must have shape"):
             kernel.rmsnorm(x, torch.empty(63, device="cuda", dtype=torch.bfloat16))
+
+
+def test_a_second_copy_of_a_build_loads_and_reuses_its_ops(cpu_built, tmp_path):
+    """Another folder holding the same build (same sources and flags, so the same op namespace), loaded
+    after the first, reuses the registered ops and fake kernels instead of registering them again (torch
+    2.11 raised 'already has a fake impl registered'; newer torch would stack a second registration)."""
+    from torch._library.simple_registry import singleton
+
+    target, project = cpu_built
+    first = load(project)
+    copy = write_project(target, tmp_path)
+    variant = build_project(copy, target)
+    assert copy != project and variant.name == (project / "build" / variant_name()).name
+    second = load(copy)
+    assert second is not first and second.ops is first.ops  # one op namespace, the first library's
+    qualname = f"{first.ops.name}::rmsnorm"
+    assert len(singleton.find(qualname).fake_impl.kernels) == 1
+    with pytest.raises(ValueError, match="rmsnorm: x must be a CUDA tensor"):
+        second.rmsnorm(torch.randn(2, 8))
+
+
+def test_the_local_build_is_abi3_clean_and_its_manylinux_gap_is_known(cpu_built):
+    """kernel-builder's ABI checker on the local build: no symbol outside Python's stable ABI (abi3, 3.9).
+    A local build links against this machine's glibc: the only manylinux_2_28 violations allowed are those
+    of this toolchain's libstdc++ (README and CARD say a Hub library is built by kernel-builder)."""
+    import kernel_abi_check
+
+    _, project = cpu_built
+    (library,) = (project / "build" / variant_name()).glob("*.abi3.so")
+    checked = kernel_abi_check.ObjectFile(str(library))
+    assert checked.check_python_abi("3.9") == []
+    gaps = {(v.name, v.dep) for v in checked.check_manylinux("manylinux_2_28")}
+    assert gaps <= {("__libc_single_threaded", "GLIBC")}, gaps
+    assert "built by kernel-builder" in (project / "CARD.md").read_text()
 
 
 def test_layers_follow_kernels_rules(cpu_built):

@@ -44,17 +44,44 @@ def adaln_rmsnorm_ref(
     return io(normed * io(1 + scale.double())) + shift.double()
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (1, 1), 'scale': (1, 1), 'shift': (1, 1), 'weight': (1,)}, {}), ({'x': (3, 7), 'scale': (3, 7), 'shift': (3, 7), 'weight': (7,)}, {}), ({'x': (4, 128), 'scale': (4, 128), 'shift': (4, 128), 'weight': (128,)}, {}), ({'x': (2, 5, 4096), 'scale': (2, 5, 4096), 'shift': (2, 5, 4096), 'weight': (4096,)}, {}), ({'x': (8, 5120), 'scale': (8, 5120), 'shift': (8, 5120), 'weight': (5120,)}, {}), ({'x': (2, 65536), 'scale': (2, 65536), 'shift': (2, 65536), 'weight': (65536,)}, {}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    scale = torch.randn(shapes["scale"], dtype=dtype, device="cuda")
-    shift = torch.randn(shapes["shift"], dtype=dtype, device="cuda")
-    weight = torch.randn(shapes["weight"], dtype=dtype, device="cuda")
-    outs = kernel.adaln_rmsnorm(x, scale, shift, weight, **params, convention=convention)
-    expected = adaln_rmsnorm_ref(x, scale, shift, weight, **params, convention=convention)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (1, 1), 'scale': (1, 1), 'shift': (1, 1), 'weight': (1,)}, {}), ({'x': (3, 7), 'scale': (3, 7), 'shift': (3, 7), 'weight': (7,)}, {}), ({'x': (4, 128), 'scale': (4, 128), 'shift': (4, 128), 'weight': (128,)}, {}), ({'x': (2, 5, 4096), 'scale': (2, 5, 4096), 'shift': (2, 5, 4096), 'weight': (4096,)}, {}), ({'x': (8, 5120), 'scale': (8, 5120), 'shift': (8, 5120), 'weight': (5120,)}, {}), ({'x': (2, 65536), 'scale': (2, 65536), 'shift': (2, 65536), 'weight': (65536,)}, {}), ]
+# every float param away from its default: a param the kernel ignored would show
+OTHER_PARAMS = {'eps': 0.500002}
+OPTIONAL = ['weight']  # inputs that may be None
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+        None if "scale" in absent else torch.randn(shapes["scale"], dtype=dtype, device="cuda"),
+        None if "shift" in absent else torch.randn(shapes["shift"], dtype=dtype, device="cuda"),
+        None if "weight" in absent else torch.randn(shapes["weight"], dtype=dtype, device="cuda"),
+    ]
+    outs = kernel.adaln_rmsnorm(*tensors, **params, convention=convention)
+    expected = adaln_rmsnorm_ref(*tensors, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_other_params(kernel, dtype, convention):
+    for shapes, params in CASES[:3]:
+        check(kernel, shapes, params | OTHER_PARAMS, convention, dtype)
+
+
+@pytest.mark.parametrize("absent", [(name,) for name in OPTIONAL] + ([tuple(OPTIONAL)] if len(OPTIONAL) > 1 else []))
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_optional_inputs_absent(kernel, absent, convention):
+    for shapes, params in CASES[:3]:
+        check(kernel, shapes, params, convention, list(TOLERANCE)[-1], absent)

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +25,13 @@ std::string shape_str(c10::IntArrayRef sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
+}
+
+// A double as written, to 17 significant digits (std::to_string would print 1e-300 as 0.000000).
+std::string number_str(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
 }
 
 constexpr int kBuildCapability = 90;  // compiled for sm_90
@@ -82,8 +90,10 @@ torch::Tensor layernorm_forward(const torch::Tensor& x, const std::optional<torc
                       ": bias must have shape [", std::to_string(hidden), "] (the last dim of x), got ",
                       shape_str(bias_t.sizes()));
   }
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, op, ": eps must be a finite number > 0, got ",
-                    std::to_string(eps));
+
+  const float eps_f = static_cast<float>(eps);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(eps_f) && eps_f > 0, op, ": eps must be a finite number > 0 in float32, got ",
+                    number_str(eps));
   const c10::cuda::CUDAGuard guard(x.device());
   check_capability(x, op);
   torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -110,7 +120,7 @@ torch::Tensor layernorm_forward(const torch::Tensor& x, const std::optional<torc
   args.out_row_stride = out_rows.stride(0);
   args.rows = x_rows.size(0);
   args.hidden = hidden;
-  args.eps = static_cast<float>(eps);
+  args.eps = eps_f;
   args.dtype = dtype;
   args.convention = convention;
   const cudaError_t err = kgen_layernorm::launch_layernorm_fwd(args, c10::cuda::getCurrentCUDAStream());

@@ -175,8 +175,8 @@
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)
 //     threads_per_row (256 B, 8/access) bfloat16: 16: the rule's, confirmed by kgen tune on the NVIDIA H200 2026-11-30 (arch/tuning/sm_90.toml): 69.2 µs, 8: 70.8 µs at 4096×128, 1024×128, 65536×128, 16384×128, 262144×128
-//     threads_per_row (4096 B, 8/access) bfloat16: 64: the rule's, confirmed by kgen tune on the NVIDIA H200 2026-11-30 (arch/tuning/sm_90.toml): 78.4 µs, 32: 87.9 µs, 128: 77.8 µs at 2×1024×2048, 4×1024×2048, 5376×2048, 16128×2048
-//     threads_per_row (8192 B, 8/access) bfloat16: 128: the rule's, confirmed by kgen tune on the NVIDIA H200 2026-11-30 (arch/tuning/sm_90.toml): 138.7 µs, 64: 154.4 µs, 256: 137.3 µs at 1×1024×2048, 2×4096×3072, 4×4096×3072, 1×1024×4096, 1×8192×4096
+//     threads_per_row (4096 B, 8/access) bfloat16: 64: the rule's, kept by kgen tune on the NVIDIA H200 2026-11-30: 128 measured faster but by less than its 2% noise margin (arch/tuning/sm_90.toml): 78.4 µs, 32: 87.9 µs, 128: 77.8 µs at 2×1024×2048, 4×1024×2048, 5376×2048, 16128×2048
+//     threads_per_row (8192 B, 8/access) bfloat16: 128: the rule's, kept by kgen tune on the NVIDIA H200 2026-11-30: 256 measured faster but by less than its 2% noise margin (arch/tuning/sm_90.toml): 138.7 µs, 64: 154.4 µs, 256: 137.3 µs at 1×1024×2048, 2×4096×3072, 4×4096×3072, 1×1024×4096, 1×8192×4096
 //     threads_per_row (16384 B, 8/access) bfloat16: 256: the rule's, confirmed by kgen tune on the NVIDIA H200 2026-11-30 (arch/tuning/sm_90.toml): 65.0 µs, 128: 72.2 µs, 512: 66.2 µs at 1×4096×8192, 1×4096×5120
 //     threads_per_row (32768 B, 8/access) bfloat16: 512: the rule's, confirmed by kgen tune on the NVIDIA H200 2026-11-30 (arch/tuning/sm_90.toml): 34.1 µs, 256: 36.4 µs at 1×128×4096, 64×1×4096, 1024×16384
 #include "rmsnorm.h"

@@ -29,16 +29,26 @@ def rope_apply_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return x.double() * cos.double() + rotated * sin.double()
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    cos = torch.randn(shapes["cos"], dtype=torch.float32, device="cuda")
-    sin = torch.randn(shapes["sin"], dtype=torch.float32, device="cuda")
-    outs = kernel.rope_apply(x, cos, sin, **params, convention=convention)
-    expected = rope_apply_ref(x, cos, sin, **params)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ]
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+        None if "cos" in absent else torch.randn(shapes["cos"], dtype=torch.float32, device="cuda"),
+        None if "sin" in absent else torch.randn(shapes["sin"], dtype=torch.float32, device="cuda"),
+    ]
+    outs = kernel.rope_apply(*tensors, **params, convention=convention)
+    expected = rope_apply_ref(*tensors, **params)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)

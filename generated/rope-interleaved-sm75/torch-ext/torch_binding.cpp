@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +25,13 @@ std::string shape_str(c10::IntArrayRef sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
+}
+
+// A double as written, to 17 significant digits (std::to_string would print 1e-300 as 0.000000).
+std::string number_str(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
 }
 
 constexpr int kBuildCapability = 75;  // compiled for sm_75
@@ -102,6 +110,7 @@ std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_forward(const torch::T
                     sin3.size(2) == hidden, op, ": sin must have shape [B or 1, T, D] = [", std::to_string(batch),
                     " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(sin.sizes()));
   if (sin3.stride(2) != 1) sin3 = sin3.contiguous();
+
   const c10::cuda::CUDAGuard guard(x.device());
   check_capability(x, op);
   torch::Tensor out = inplace ? x

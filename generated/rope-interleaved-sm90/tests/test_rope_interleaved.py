@@ -45,17 +45,27 @@ def rope_interleaved_ref(
     return rotate(x), rotate(k)
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (2, 7, 64), 'k': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'k': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'k': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'k': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    k = torch.randn(shapes["k"], dtype=dtype, device="cuda")
-    cos = torch.randn(shapes["cos"], dtype=dtype, device="cuda")
-    sin = torch.randn(shapes["sin"], dtype=dtype, device="cuda")
-    outs = kernel.rope_interleaved(x, k, cos, sin, **params, convention=convention)
-    expected = rope_interleaved_ref(x, k, cos, sin, **params, convention=convention)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (2, 7, 64), 'k': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'k': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'k': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'k': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ]
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+        None if "k" in absent else torch.randn(shapes["k"], dtype=dtype, device="cuda"),
+        None if "cos" in absent else torch.randn(shapes["cos"], dtype=dtype, device="cuda"),
+        None if "sin" in absent else torch.randn(shapes["sin"], dtype=dtype, device="cuda"),
+    ]
+    outs = kernel.rope_interleaved(*tensors, **params, convention=convention)
+    expected = rope_interleaved_ref(*tensors, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)

@@ -55,15 +55,34 @@ def rope3d_coords_ref(
     return ltx_rotary_apply(x, grid, theta, tables)
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (1, 24, 2), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 12), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 100), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 2048), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 4096), 'coords': (1, 3, 24)}, {}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    coords = torch.randn(shapes["coords"], dtype=torch.float32, device="cuda")
-    outs = kernel.rope3d_coords(x, coords, **params, convention=convention)
-    expected = rope3d_coords_ref(x, coords, **params)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (1, 24, 2), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 12), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 100), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 2048), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 4096), 'coords': (1, 3, 24)}, {}), ]
+# every float param away from its default: a param the kernel ignored would show
+OTHER_PARAMS = {'theta': 20000.5, 'base_frames': 40.5, 'base_height': 4096.5, 'base_width': 4096.5}
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+        None if "coords" in absent else torch.randn(shapes["coords"], dtype=torch.float32, device="cuda"),
+    ]
+    outs = kernel.rope3d_coords(*tensors, **params, convention=convention)
+    expected = rope3d_coords_ref(*tensors, **params)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_other_params(kernel, dtype, convention):
+    for shapes, params in CASES[:3]:
+        check(kernel, shapes, params | OTHER_PARAMS, convention, dtype)

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +25,13 @@ std::string shape_str(c10::IntArrayRef sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
+}
+
+// A double as written, to 17 significant digits (std::to_string would print 1e-300 as 0.000000).
+std::string number_str(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
 }
 
 constexpr int kBuildCapability = 75;  // compiled for sm_75
@@ -70,14 +78,19 @@ torch::Tensor rope3d_coords_forward(const torch::Tensor& x, const torch::Tensor&
   const torch::Tensor x4 = as_bhtd(x);
   const int64_t batch = x4.size(0), tokens = x4.size(2), hidden = x4.size(3);
   TORCH_CHECK_VALUE(hidden % 2 == 0, op, ": x's last dim holds pairs and must be even, got shape ", shape_str(x.sizes()));
-  TORCH_CHECK_VALUE(std::isfinite(theta) && theta > 0, op, ": theta must be a finite number > 0, got ",
-                    std::to_string(theta));
-  TORCH_CHECK_VALUE(std::isfinite(base_frames) && base_frames > 0, op, ": base_frames must be a finite number > 0, got ",
-                    std::to_string(base_frames));
-  TORCH_CHECK_VALUE(std::isfinite(base_height) && base_height > 0, op, ": base_height must be a finite number > 0, got ",
-                    std::to_string(base_height));
-  TORCH_CHECK_VALUE(std::isfinite(base_width) && base_width > 0, op, ": base_width must be a finite number > 0, got ",
-                    std::to_string(base_width));
+
+  const float theta_f = static_cast<float>(theta);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(theta_f) && theta_f > 0, op, ": theta must be a finite number > 0 in float32, got ",
+                    number_str(theta));
+  const float base_frames_f = static_cast<float>(base_frames);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_frames_f) && base_frames_f > 0, op, ": base_frames must be a finite number > 0 in float32, got ",
+                    number_str(base_frames));
+  const float base_height_f = static_cast<float>(base_height);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_height_f) && base_height_f > 0, op, ": base_height must be a finite number > 0 in float32, got ",
+                    number_str(base_height));
+  const float base_width_f = static_cast<float>(base_width);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_width_f) && base_width_f > 0, op, ": base_width must be a finite number > 0 in float32, got ",
+                    number_str(base_width));
   TORCH_CHECK_VALUE(x.dim() == 3, op, ": x must be [B, S, C], got shape ",
                     shape_str(x.sizes()));
   check_device(coords, op, "coords", x);
@@ -108,10 +121,10 @@ torch::Tensor rope3d_coords_forward(const torch::Tensor& x, const torch::Tensor&
   args.batch = batch;
   args.tokens = tokens;
   args.hidden = hidden;
-  args.theta = static_cast<float>(theta);
-  args.base_frames = static_cast<float>(base_frames);
-  args.base_height = static_cast<float>(base_height);
-  args.base_width = static_cast<float>(base_width);
+  args.theta = theta_f;
+  args.base_frames = base_frames_f;
+  args.base_height = base_height_f;
+  args.base_width = base_width_f;
   args.dtype = dtype;
   args.convention = convention;
   const cudaError_t err = kgen_rope3d_coords::launch_rope3d_coords_fwd(args, c10::cuda::getCurrentCUDAStream());

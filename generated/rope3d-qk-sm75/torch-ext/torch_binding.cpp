@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +25,13 @@ std::string shape_str(c10::IntArrayRef sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
+}
+
+// A double as written, to 17 significant digits (std::to_string would print 1e-300 as 0.000000).
+std::string number_str(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
 }
 
 constexpr int kBuildCapability = 75;  // compiled for sm_75
@@ -78,30 +86,37 @@ std::tuple<torch::Tensor, torch::Tensor> rope3d_qk_forward(const torch::Tensor& 
       : k.sizes() == x.sizes()), op, ": k must match x but for the head count (dim 1 of a 4-D x); x has shape ",
       shape_str(x.sizes()), ", k has ", shape_str(k.sizes()));
   const torch::Tensor k4 = as_bhtd(k);
-  TORCH_CHECK_VALUE(frames > 0, op, ": frames must be an integer > 0, got ",
-                    std::to_string(frames));
-  TORCH_CHECK_VALUE(height > 0, op, ": height must be an integer > 0, got ",
-                    std::to_string(height));
-  TORCH_CHECK_VALUE(width > 0, op, ": width must be an integer > 0, got ",
-                    std::to_string(width));
-  TORCH_CHECK_VALUE(std::isfinite(theta) && theta > 0, op, ": theta must be a finite number > 0, got ",
-                    std::to_string(theta));
-  TORCH_CHECK_VALUE(std::isfinite(base_frames) && base_frames > 0, op, ": base_frames must be a finite number > 0, got ",
-                    std::to_string(base_frames));
-  TORCH_CHECK_VALUE(std::isfinite(base_height) && base_height > 0, op, ": base_height must be a finite number > 0, got ",
-                    std::to_string(base_height));
-  TORCH_CHECK_VALUE(std::isfinite(base_width) && base_width > 0, op, ": base_width must be a finite number > 0, got ",
-                    std::to_string(base_width));
-  TORCH_CHECK_VALUE(std::isfinite(scale_t) && scale_t > 0, op, ": scale_t must be a finite number > 0, got ",
-                    std::to_string(scale_t));
-  TORCH_CHECK_VALUE(std::isfinite(scale_h) && scale_h > 0, op, ": scale_h must be a finite number > 0, got ",
-                    std::to_string(scale_h));
-  TORCH_CHECK_VALUE(std::isfinite(scale_w) && scale_w > 0, op, ": scale_w must be a finite number > 0, got ",
-                    std::to_string(scale_w));
-  TORCH_CHECK_VALUE(std::isfinite(patch_t) && patch_t > 0, op, ": patch_t must be a finite number > 0, got ",
-                    std::to_string(patch_t));
-  TORCH_CHECK_VALUE(std::isfinite(patch) && patch > 0, op, ": patch must be a finite number > 0, got ",
-                    std::to_string(patch));
+
+  TORCH_CHECK_VALUE(frames > 0, op, ": frames must be an integer > 0, got ", std::to_string(frames));
+  TORCH_CHECK_VALUE(height > 0, op, ": height must be an integer > 0, got ", std::to_string(height));
+  TORCH_CHECK_VALUE(width > 0, op, ": width must be an integer > 0, got ", std::to_string(width));
+  const float theta_f = static_cast<float>(theta);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(theta_f) && theta_f > 0, op, ": theta must be a finite number > 0 in float32, got ",
+                    number_str(theta));
+  const float base_frames_f = static_cast<float>(base_frames);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_frames_f) && base_frames_f > 0, op, ": base_frames must be a finite number > 0 in float32, got ",
+                    number_str(base_frames));
+  const float base_height_f = static_cast<float>(base_height);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_height_f) && base_height_f > 0, op, ": base_height must be a finite number > 0 in float32, got ",
+                    number_str(base_height));
+  const float base_width_f = static_cast<float>(base_width);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_width_f) && base_width_f > 0, op, ": base_width must be a finite number > 0 in float32, got ",
+                    number_str(base_width));
+  const float scale_t_f = static_cast<float>(scale_t);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(scale_t_f) && scale_t_f > 0, op, ": scale_t must be a finite number > 0 in float32, got ",
+                    number_str(scale_t));
+  const float scale_h_f = static_cast<float>(scale_h);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(scale_h_f) && scale_h_f > 0, op, ": scale_h must be a finite number > 0 in float32, got ",
+                    number_str(scale_h));
+  const float scale_w_f = static_cast<float>(scale_w);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(scale_w_f) && scale_w_f > 0, op, ": scale_w must be a finite number > 0 in float32, got ",
+                    number_str(scale_w));
+  const float patch_t_f = static_cast<float>(patch_t);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(patch_t_f) && patch_t_f > 0, op, ": patch_t must be a finite number > 0 in float32, got ",
+                    number_str(patch_t));
+  const float patch_f = static_cast<float>(patch);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(patch_f) && patch_f > 0, op, ": patch must be a finite number > 0 in float32, got ",
+                    number_str(patch));
   TORCH_CHECK_VALUE(x.dim() == 3, op, ": x must be [B, S, C] with S = frames·height·width tokens in row-major order, got shape ",
                     shape_str(x.sizes()));
   TORCH_CHECK_VALUE(frames * height * width == tokens, op, ": x has ", std::to_string(tokens), " tokens per batch but ",
@@ -136,18 +151,18 @@ std::tuple<torch::Tensor, torch::Tensor> rope3d_qk_forward(const torch::Tensor& 
   args.batch = batch;
   args.tokens = tokens;
   args.hidden = hidden;
-  args.frames = static_cast<int64_t>(frames);
-  args.height = static_cast<int64_t>(height);
-  args.width = static_cast<int64_t>(width);
-  args.theta = static_cast<float>(theta);
-  args.base_frames = static_cast<float>(base_frames);
-  args.base_height = static_cast<float>(base_height);
-  args.base_width = static_cast<float>(base_width);
-  args.scale_t = static_cast<float>(scale_t);
-  args.scale_h = static_cast<float>(scale_h);
-  args.scale_w = static_cast<float>(scale_w);
-  args.patch_t = static_cast<float>(patch_t);
-  args.patch = static_cast<float>(patch);
+  args.frames = frames;
+  args.height = height;
+  args.width = width;
+  args.theta = theta_f;
+  args.base_frames = base_frames_f;
+  args.base_height = base_height_f;
+  args.base_width = base_width_f;
+  args.scale_t = scale_t_f;
+  args.scale_h = scale_h_f;
+  args.scale_w = scale_w_f;
+  args.patch_t = patch_t_f;
+  args.patch = patch_f;
   args.dtype = dtype;
   args.convention = convention;
   const cudaError_t err = kgen_rope3d_qk::launch_rope3d_qk_fwd(args, c10::cuda::getCurrentCUDAStream());

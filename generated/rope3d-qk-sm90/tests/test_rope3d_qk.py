@@ -76,15 +76,34 @@ def rope3d_qk_ref(x: torch.Tensor, k: torch.Tensor, *params, **named) -> tuple[t
     return rope3d_ref(x, *params, **named), rope3d_ref(k, *params, **named)
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (1, 24, 2), 'k': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 12), 'k': (1, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 100), 'k': (1, 24, 100)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 2048), 'k': (1, 24, 2048)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 4096), 'k': (1, 24, 4096)}, {'frames': 2, 'height': 3, 'width': 4}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    k = torch.randn(shapes["k"], dtype=dtype, device="cuda")
-    outs = kernel.rope3d_qk(x, k, **params, convention=convention)
-    expected = rope3d_qk_ref(x, k, **params)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (1, 24, 2), 'k': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 12), 'k': (1, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 100), 'k': (1, 24, 100)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 2048), 'k': (1, 24, 2048)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 4096), 'k': (1, 24, 4096)}, {'frames': 2, 'height': 3, 'width': 4}), ]
+# every float param away from its default: a param the kernel ignored would show
+OTHER_PARAMS = {'theta': 20000.5, 'base_frames': 40.5, 'base_height': 4096.5, 'base_width': 4096.5, 'scale_t': 1.1400000000000001, 'scale_h': 64.5, 'scale_w': 64.5, 'patch_t': 2.5, 'patch': 2.5}
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+        None if "k" in absent else torch.randn(shapes["k"], dtype=dtype, device="cuda"),
+    ]
+    outs = kernel.rope3d_qk(*tensors, **params, convention=convention)
+    expected = rope3d_qk_ref(*tensors, **params)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_other_params(kernel, dtype, convention):
+    for shapes, params in CASES[:3]:
+        check(kernel, shapes, params | OTHER_PARAMS, convention, dtype)

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +25,13 @@ std::string shape_str(c10::IntArrayRef sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
+}
+
+// A double as written, to 17 significant digits (std::to_string would print 1e-300 as 0.000000).
+std::string number_str(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
 }
 
 constexpr int kBuildCapability = 80;  // compiled for sm_80
@@ -64,6 +72,7 @@ torch::Tensor silu_and_mul_forward(const torch::Tensor& x, kgen_silu_and_mul::Co
   const int64_t hidden = x.size(-1) / 2;
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = hidden;
+
   const c10::cuda::CUDAGuard guard(x.device());
   check_capability(x, op);
   torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));

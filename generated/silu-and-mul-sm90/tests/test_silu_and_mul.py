@@ -31,14 +31,24 @@ def silu_and_mul_ref(x: torch.Tensor, convention: str = "single_rounding") -> to
     return activated * u
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (1, 2)}, {}), ({'x': (3, 14)}, {}), ({'x': (4, 256)}, {}), ({'x': (2, 5, 8192)}, {}), ({'x': (8, 10240)}, {}), ({'x': (2, 131072)}, {}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    outs = kernel.silu_and_mul(x, **params, convention=convention)
-    expected = silu_and_mul_ref(x, **params, convention=convention)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (1, 2)}, {}), ({'x': (3, 14)}, {}), ({'x': (4, 256)}, {}), ({'x': (2, 5, 8192)}, {}), ({'x': (8, 10240)}, {}), ({'x': (2, 131072)}, {}), ]
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+    ]
+    outs = kernel.silu_and_mul(*tensors, **params, convention=convention)
+    expected = silu_and_mul_ref(*tensors, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)

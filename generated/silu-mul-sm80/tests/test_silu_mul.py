@@ -30,15 +30,25 @@ def silu_mul_ref(x: torch.Tensor, up: torch.Tensor, convention: str = "single_ro
     return activated * up.double()
 
 
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shapes, params", [({'x': (1, 1), 'up': (1, 1)}, {}), ({'x': (3, 7), 'up': (3, 7)}, {}), ({'x': (4, 128), 'up': (4, 128)}, {}), ({'x': (2, 5, 4096), 'up': (2, 5, 4096)}, {}), ({'x': (8, 5120), 'up': (8, 5120)}, {}), ({'x': (2, 65536), 'up': (2, 65536)}, {}), ])
-@pytest.mark.parametrize("convention", CONVENTIONS)
-def test_matches_reference(kernel, dtype, shapes, params, convention):
-    x = torch.randn(shapes["x"], dtype=dtype, device="cuda")
-    up = torch.randn(shapes["up"], dtype=dtype, device="cuda")
-    outs = kernel.silu_mul(x, up, **params, convention=convention)
-    expected = silu_mul_ref(x, up, **params, convention=convention)
+# (the inputs' shapes, params) of each call
+CASES = [({'x': (1, 1), 'up': (1, 1)}, {}), ({'x': (3, 7), 'up': (3, 7)}, {}), ({'x': (4, 128), 'up': (4, 128)}, {}), ({'x': (2, 5, 4096), 'up': (2, 5, 4096)}, {}), ({'x': (8, 5120), 'up': (8, 5120)}, {}), ({'x': (2, 65536), 'up': (2, 65536)}, {}), ]
+
+
+def check(kernel, shapes, params, convention, dtype, absent=()):
+    tensors = [
+        None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
+        None if "up" in absent else torch.randn(shapes["up"], dtype=dtype, device="cuda"),
+    ]
+    outs = kernel.silu_mul(*tensors, **params, convention=convention)
+    expected = silu_mul_ref(*tensors, **params, convention=convention)
     if isinstance(outs, torch.Tensor):
         outs, expected = (outs,), (expected,)
     for out, ref in zip(outs, expected):
         torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shapes, params", CASES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_matches_reference(kernel, dtype, shapes, params, convention):
+    check(kernel, shapes, params, convention, dtype)

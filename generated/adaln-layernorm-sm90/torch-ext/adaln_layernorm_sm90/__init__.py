@@ -46,8 +46,14 @@ def _adaln_layernorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Ten
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("adaln_layernorm"))(_adaln_layernorm_fake)
-torch.library.register_fake(add_op_namespace_prefix("adaln_layernorm_diffusers"))(_adaln_layernorm_fake)
+
+_register_fake("adaln_layernorm", _adaln_layernorm_fake)
+_register_fake("adaln_layernorm_diffusers", _adaln_layernorm_fake)
 
 __all__ = ["adaln_layernorm", "layers", "CONVENTIONS"]

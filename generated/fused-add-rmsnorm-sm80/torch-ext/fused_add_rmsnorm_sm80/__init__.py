@@ -53,16 +53,21 @@ def _fused_add_rmsnorm_fake(x: torch.Tensor, residual: torch.Tensor, weight: Opt
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
-
 def _fused_add_rmsnorm_inplace_fake(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> torch.Tensor:
     _fused_add_rmsnorm_fake(x, residual, weight, eps)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("fused_add_rmsnorm"))(_fused_add_rmsnorm_fake)
-torch.library.register_fake(add_op_namespace_prefix("fused_add_rmsnorm_"))(_fused_add_rmsnorm_inplace_fake)
-torch.library.register_fake(add_op_namespace_prefix("fused_add_rmsnorm_transformers"))(_fused_add_rmsnorm_fake)
-torch.library.register_fake(add_op_namespace_prefix("fused_add_rmsnorm_transformers_"))(_fused_add_rmsnorm_inplace_fake)
+
+_register_fake("fused_add_rmsnorm", _fused_add_rmsnorm_fake)
+_register_fake("fused_add_rmsnorm_", _fused_add_rmsnorm_inplace_fake)
+_register_fake("fused_add_rmsnorm_transformers", _fused_add_rmsnorm_fake)
+_register_fake("fused_add_rmsnorm_transformers_", _fused_add_rmsnorm_inplace_fake)
 
 __all__ = ["fused_add_rmsnorm", "fused_add_rmsnorm_", "layers", "CONVENTIONS"]

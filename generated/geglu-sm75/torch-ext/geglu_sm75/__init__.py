@@ -42,10 +42,16 @@ def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("geglu"))(_geglu_fake)
-torch.library.register_fake(add_op_namespace_prefix("geglu_tanh"))(_geglu_fake)
-torch.library.register_fake(add_op_namespace_prefix("geglu_erf_diffusers"))(_geglu_fake)
-torch.library.register_fake(add_op_namespace_prefix("geglu_tanh_diffusers"))(_geglu_fake)
+
+_register_fake("geglu", _geglu_fake)
+_register_fake("geglu_tanh", _geglu_fake)
+_register_fake("geglu_erf_diffusers", _geglu_fake)
+_register_fake("geglu_tanh_diffusers", _geglu_fake)
 
 __all__ = ["geglu", "layers", "CONVENTIONS"]

@@ -32,7 +32,13 @@ def _gelu_tanh_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("gelu_tanh"))(_gelu_tanh_fake)
+
+_register_fake("gelu_tanh", _gelu_tanh_fake)
 
 __all__ = ["gelu_tanh", "layers", "CONVENTIONS"]

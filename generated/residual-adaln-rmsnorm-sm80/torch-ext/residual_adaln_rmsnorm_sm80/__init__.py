@@ -60,8 +60,14 @@ def _residual_adaln_rmsnorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("residual_adaln_rmsnorm"))(_residual_adaln_rmsnorm_fake)
-torch.library.register_fake(add_op_namespace_prefix("residual_adaln_rmsnorm_diffusers"))(_residual_adaln_rmsnorm_fake)
+
+_register_fake("residual_adaln_rmsnorm", _residual_adaln_rmsnorm_fake)
+_register_fake("residual_adaln_rmsnorm_diffusers", _residual_adaln_rmsnorm_fake)
 
 __all__ = ["residual_adaln_rmsnorm", "layers", "CONVENTIONS"]

@@ -53,16 +53,21 @@ def _rope_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(k.shape, dtype=x.dtype, device=x.device))
 
 
-
 def _rope_inplace_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     _rope_fake(x, k, cos, sin)
     return None
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("rope"))(_rope_fake)
-torch.library.register_fake(add_op_namespace_prefix("rope_"))(_rope_inplace_fake)
-torch.library.register_fake(add_op_namespace_prefix("rope_transformers"))(_rope_fake)
-torch.library.register_fake(add_op_namespace_prefix("rope_transformers_"))(_rope_inplace_fake)
+
+_register_fake("rope", _rope_fake)
+_register_fake("rope_", _rope_inplace_fake)
+_register_fake("rope_transformers", _rope_fake)
+_register_fake("rope_transformers_", _rope_inplace_fake)
 
 __all__ = ["rope", "rope_", "layers", "CONVENTIONS"]

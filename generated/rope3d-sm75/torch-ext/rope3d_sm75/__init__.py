@@ -44,7 +44,13 @@ def _rope3d_fake(x: torch.Tensor, frames: int = 1, height: int = 1, width: int =
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("rope3d"))(_rope3d_fake)
+
+_register_fake("rope3d", _rope3d_fake)
 
 __all__ = ["rope3d", "layers", "CONVENTIONS"]

@@ -36,8 +36,14 @@ def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
-torch.library.register_fake(add_op_namespace_prefix("silu_and_mul"))(_silu_and_mul_fake)
-torch.library.register_fake(add_op_namespace_prefix("silu_and_mul_transformers"))(_silu_and_mul_fake)
+
+_register_fake("silu_and_mul", _silu_and_mul_fake)
+_register_fake("silu_and_mul_transformers", _silu_and_mul_fake)
 
 __all__ = ["silu_and_mul", "layers", "CONVENTIONS"]
