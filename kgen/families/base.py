@@ -185,6 +185,16 @@ class Family:
         """The shapes of the generated project's own test: edge sizes and a few real ones."""
         raise NotImplementedError
 
+    def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
+        """The spec's math for one convention computed on the CPU from its sympy expressions (float64, the
+        convention's roundings to the inputs' dtype included): what `kgen check` compares with the
+        reference."""
+        raise NotImplementedError(f"the {self.name} family has no CPU evaluation of its math")
+
+    def check_tolerance(self, spec: OpSpec, atol: float, rtol: float) -> tuple[float, float]:
+        """How far `evaluate` may be from the reference where the family's math loses precision by nature."""
+        return atol, rtol
+
     # -- kgen tune -------------------------------------------------------------------------------------------
     def tunable(self, plan: KernelPlan) -> list[Bucket]:
         """The configurations whose threads `kgen tune` varies: by default the vector one."""
@@ -263,6 +273,29 @@ class RowsFamily(Family):
         return [Case(shape) for shape in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (8, 5120), (2, 65536)]]
 
     @staticmethod
+    def values(spec: OpSpec, inputs: list, params: list) -> tuple[dict, tuple[int, ...]]:
+        """The symbols of the spec's expressions bound to float64 tensors: each input's element (broadcast to
+        the outputs' shape; a packed input's halves; an absent optional input's value), each param, hidden and
+        inv_hidden; and the outputs' shape."""
+        import torch
+
+        lead = inputs[spec.inputs.index(spec.lead)]
+        shape = (*lead.shape[:-1], lead.shape[-1] // 2) if spec.lead.packed else tuple(lead.shape)
+        values = {p.name: v for p, v in zip(spec.params, params)}
+        values |= {
+            "hidden": float(shape[-1]),
+            "inv_hidden": float(torch.tensor(1 / shape[-1], dtype=torch.float32)),
+        }
+        for t, v in zip(spec.inputs, inputs):
+            if v is None:
+                values[t.name] = float(t.absent_value)
+            elif t.packed:
+                values[t.halves[0]], values[t.halves[1]] = v.double().chunk(2, dim=-1)
+            else:
+                values[t.name] = v.double().expand(shape[:-1] + v.shape[-1:]) if t.per_row else v.double()
+        return values, shape
+
+    @staticmethod
     def kernel_arguments(spec: OpSpec) -> tuple[str, str]:
         """The kernel's tensor parameters and the launcher's matching arguments: pointers, row strides, and
         the outer strides of broadcast inputs."""
@@ -275,6 +308,11 @@ class RowsFamily(Family):
                 params.append(f"int64_t {t.name}_{stride}_stride")
                 args.append(f"args.{t.name}_{stride}_stride")
         return ", ".join(params), ", ".join(args)
+
+
+def io_rounding(dtype):
+    """to_io_dtype on float64 tensors: a rounding to the op's I/O dtype and back."""
+    return lambda v: v.to(dtype).to(v.dtype)
 
 
 def rows_fake_outputs(spec: OpSpec) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..codegen import evaluate
 from ..dsl import OpSpec, Structure
 from ..profile import ArchProfile, TuningTable
 from .base import (
@@ -21,6 +22,7 @@ from .base import (
     RowsFamily,
     Templates,
     convention_code,
+    io_rounding,
     min_bytes,
     printed_names,
     rows_fake_outputs,
@@ -114,6 +116,12 @@ class ElementwiseFamily(RowsFamily):
             "block_threads": reasons["threads_per_row"],
         }
         return KernelPlan(spec.name, profile.name, dtype, self.name, elem, vector, 1, threads, buckets, notes)
+
+    def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
+        values, shape = self.values(spec, inputs, params)
+        outputs = next(c for c in spec.structure.conventions if c.name == convention).outputs
+        io = io_rounding(inputs[0].dtype)
+        return tuple(evaluate(outputs[t.name], values, io).expand(shape) for t in spec.outputs)
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: KernelPlan, case: Case) -> LaunchPlan:
         rows, hidden = case.rows, case.shape[-1]

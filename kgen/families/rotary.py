@@ -13,7 +13,7 @@ from typing import Literal
 import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..codegen import statements
+from ..codegen import evaluate, statements
 from ..dsl import Identifier, OpSpec, Structure, SympyExpr, Tensor, _Model, check_symbols
 from ..profile import ArchProfile, TuningTable
 from .base import (
@@ -26,6 +26,7 @@ from .base import (
     LaunchPlan,
     Templates,
     convention_code,
+    io_rounding,
     min_bytes,
     printed_names,
     vector_notes,
@@ -259,6 +260,88 @@ class RotaryFamily(Family):
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
+
+    def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
+        """Each rotated tensor with its pair partner and sign; cos and sin from the tables (broadcast over the
+        heads), or computed in fp32 from the grid as the kernel does."""
+        import torch
+
+        structure = spec.structure
+        conv = next(c for c in structure.conventions if c.name == convention)
+        given = dict(zip((t.name for t in spec.inputs), inputs))
+        values = {p.name: v for p, v in zip(spec.params, params)}
+        lead = given[structure.rotates[0]]
+        hidden = lead.shape[-1]
+        values |= {
+            "hidden": float(hidden),
+            "inv_hidden": float(torch.tensor(1 / hidden, dtype=torch.float32)),
+        }
+        if structure.tables:
+            cos, sin = (given[n].double() for n in structure.tables)
+            if lead.dim() == 4 and cos.dim() == 3:  # [B or 1, T, D] beside [B, H, T, D]
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        else:
+            cos, sin = self._grid_tables(spec, given, values, lead)
+        if structure.pairing == "interleaved":
+            sign = torch.tensor([-1.0, 1.0], dtype=torch.float64).repeat(hidden // 2)
+        else:
+            sign = torch.cat([torch.full((hidden // 2,), -1.0), torch.ones(hidden // 2)]).double()
+        io, out = io_rounding(lead.dtype), []
+        for name, t in zip(structure.rotates, spec.outputs):
+            v = given[name].double()
+            pair = (
+                v.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+                if structure.pairing == "interleaved"
+                else torch.cat([v[..., hidden // 2 :], v[..., : hidden // 2]], -1)
+            )
+            symbols = values | {name: v, f"{name}_pair": pair, "cos": cos, "sin": sin, "sign": sign}
+            out.append(evaluate(conv.outputs[t.name], symbols, io).expand(v.shape))
+        return tuple(out)
+
+    def check_tolerance(self, spec: OpSpec, atol: float, rtol: float) -> tuple[float, float]:
+        """Grid angles reach |freq·(2·coord - 1)| ~ 1.6e4 rad at C = 4096, where an fp32 angle is exact to
+        ~1e-3 rad only, and the reference (diffusers' fp32 steps) rounds in another order than this
+        evaluation: their tables differ by up to ~4e-3, unit-variance outputs by up to ~3e-2. A wrong axis,
+        frequency or pad moves whole elements."""
+        return (max(atol, 2e-2), max(rtol, 2e-2)) if spec.structure.grid else (atol, rtol)
+
+    @staticmethod
+    def _grid_tables(spec: OpSpec, given: dict, params: dict, lead) -> tuple:
+        """cos and sin [B, S, C] from the grid angles, in fp32 as the kernel computes them."""
+        import torch
+
+        grid, f32 = spec.structure.grid, torch.float32
+        batch, tokens, hidden = lead.shape
+        naxes = len(grid.axes)
+        floats = {k: v for k, v in params.items() if k in ("hidden", "inv_hidden") or not isinstance(v, int)}
+        if grid.coordinates_input:
+            raw = given[grid.coordinates_input].to(f32)  # [B, axes, S]
+        else:
+            sizes = [int(params[n]) for n in grid.sizes]
+            index = torch.arange(tokens)
+            raw = torch.stack(
+                [index // (torch.tensor(sizes[a + 1 :]).prod()) % sizes[a] for a in range(naxes)]
+            )
+            raw = raw.to(f32).unsqueeze(0).expand(batch, -1, -1)
+        coords = torch.stack(
+            [
+                evaluate(e, floats | {axis: raw[:, a]}, None).to(f32)
+                for a, (axis, e) in enumerate(zip(grid.axes, grid.coordinates))
+            ],
+            1,
+        )  # [B, axes, S]
+        pad, n_freq = hidden % (2 * naxes), hidden // (2 * naxes)
+        channels = torch.arange(pad, hidden)
+        pairs = (channels - pad) // 2
+        freq = evaluate(
+            grid.frequency, floats | {"k": (pairs // naxes).to(f32), "n_freq": float(n_freq)}, None
+        )
+        coord = coords[:, pairs % naxes, :].transpose(1, 2)  # [B, S, C - pad]
+        angle = evaluate(grid.angle, floats | {"freq": torch.as_tensor(freq).to(f32), "coord": coord}, None)
+        angle = torch.as_tensor(angle).to(f32).expand(batch, tokens, hidden - pad)
+        cos = torch.cat([torch.ones(batch, tokens, pad, dtype=f32), angle.cos()], -1)
+        sin = torch.cat([torch.zeros(batch, tokens, pad, dtype=f32), angle.sin()], -1)
+        return cos.double(), sin.double()
 
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         structure, shape = spec.structure, tuple(case.shape)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..codegen import statements
+from ..codegen import evaluate, statements
 from ..dsl import BUILTIN_SYMBOLS, Identifier, OpSpec, Structure, SympyExpr, _Model, check_symbols
 from ..errors import PlanError
 from ..profile import ArchProfile, TuningTable
@@ -26,6 +26,7 @@ from .base import (
     RowsFamily,
     Templates,
     convention_code,
+    io_rounding,
     min_bytes,
     printed_names,
     rows_fake_outputs,
@@ -479,6 +480,19 @@ class RowReduceFamily(RowsFamily):
             widened,
             columns_early,
         )
+
+    def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
+        """The prologue's values rounded to the I/O dtype (kept on chip in it), each reduction summed over the
+        row in turn, then the epilogue."""
+        structure, io = spec.structure, io_rounding(inputs[0].dtype)
+        conv = next(c for c in structure.conventions if c.name == convention)
+        values, shape = self.values(spec, inputs, params)
+        for name, expr in (structure.prologue | conv.prologue).items():
+            values[name] = io(evaluate(expr, values, io).expand(shape))
+        for r in structure.reductions:
+            row_sum = evaluate(r.summand, values, io).expand(shape).sum(-1, keepdim=True)
+            values[r.stat] = evaluate(r.finalize, values | {"row_sum": row_sum}, io)
+        return tuple(evaluate(conv.outputs[t.name], values, io).expand(shape) for t in spec.outputs)
 
     def describe(self, plans: list[RowReducePlan]) -> list[str]:
         lines = ["one configuration per hidden-size bucket; the launcher picks at run time"]

@@ -1,0 +1,66 @@
+"""`kgen check`: a spec's math against its reference, on the CPU. Each convention's sympy expressions are
+evaluated by the spec's family (float64, the convention's roundings to the I/O dtype included) on fresh
+random inputs at the family's example shapes, in float32 and bfloat16, and compared with the float64
+reference: a spec whose math and reference disagree fails here, before any kernel is built."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from .catalog import load_spec
+from .families import family_of
+
+# |math - reference| <= ATOL + RTOL·|reference|: float32 leaves only the order of float64 operations; a
+# bfloat16 rounding the two place on either side of a tie differs by one step (2^-8 relative)
+TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1e-2, 1e-2)}
+
+
+@dataclass(frozen=True)
+class Result:
+    op: str
+    convention: str
+    dtype: str
+    shapes: int  # how many example shapes were compared
+    worst: float  # the largest |math - reference| / (ATOL + RTOL·|reference|): <= 1 passes
+    where: str  # the shape and output of the worst element
+
+    @property
+    def ok(self) -> bool:
+        return self.worst <= 1
+
+
+def check(op: str, seed: int = 0) -> list[Result]:
+    """One result per convention and dtype."""
+    import torch
+
+    spec = load_spec(op)
+    family = family_of(spec)
+    takes_convention = "convention" in inspect.signature(spec.reference).parameters
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for convention in (c.name for c in spec.structure.conventions):
+        for dtype, tolerance in TOLERANCE.items():
+            atol, rtol = family.check_tolerance(spec, *tolerance)
+            worst, where, cases = 0.0, "-", family.example_cases(spec)
+            for case in cases:
+                inputs = [
+                    torch.randn(
+                        family.tensor_shape(spec, t, case), generator=generator, dtype=torch.float64
+                    ).to(torch.float32 if t.dtype == "float32" else getattr(torch, dtype))
+                    for t in spec.inputs
+                ]
+                params = case.param_values(spec)
+                math = family.evaluate(spec, inputs, params, convention)
+                reference = spec.reference(
+                    *inputs, *params, **({"convention": convention} if takes_convention else {})
+                )
+                reference = reference if isinstance(reference, tuple) else (reference,)
+                for tensor, got, want in zip(spec.outputs, math, reference):
+                    ratio = ((got - want.double()).abs() / (atol + rtol * want.double().abs())).nan_to_num(
+                        1e30
+                    )
+                    if ratio.numel() and ratio.max().item() > worst:
+                        worst, where = ratio.max().item(), f"{case.label}, {tensor.name}"
+            results.append(Result(op, convention, dtype, len(cases), worst, where))
+    return results
