@@ -17,6 +17,7 @@ import torch
 
 from kgen.bench import example_inputs
 from kgen.catalog import load_spec, op_names
+from kgen.families.rotary import COORDINATES
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +44,7 @@ def valid_call(op, dtype=torch.bfloat16, gen=None, shape=None, per_batch=False):
     )
     inputs = example_inputs(spec, shape, dtype, k_heads=2, generator=gen, per_batch=per_batch)
     for t, tensor in zip(inputs, spec.inputs):
-        if tensor.coordinates:  # latent-grid positions: whole numbers up to about 2000
+        if tensor.dims == COORDINATES:  # latent-grid positions: whole numbers up to about 2000
             t.copy_((t.abs() * 700).round())
     return inputs, params
 
@@ -159,7 +160,7 @@ def test_nan_and_inf_propagate_as_in_the_reference(fns, op, dtype):
     gen = torch.Generator(device="cuda").manual_seed(17)
     inputs, params = valid_call(op, dtype, gen, shape=(2, 24, 256) if op in ROTARY else (4, 5, 256))
     for t, tensor in zip(inputs, spec.inputs):
-        if t is None or tensor.coordinates:
+        if t is None or tensor.dims == COORDINATES:
             continue
         flat = t.view(-1)
         where = torch.randperm(flat.numel(), generator=gen, device="cuda")[:6]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kgen.bench import example_inputs
 from kgen.catalog import load_spec, op_names
+from kgen.families.rotary import COORDINATES
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +36,7 @@ def partner(t: torch.Tensor, pairing: str) -> torch.Tensor:
 
 def tables(op: str, x: torch.Tensor, inputs: list, params: list):
     """The cos and sin each element of x sees, broadcast to x's shape."""
-    if any(t.coordinates for t in load_spec(op).inputs):
+    if any(t.dims == COORDINATES for t in load_spec(op).inputs):
         cos, sin = load_spec(op).reference(x, inputs[1], *params, tables=True)
     elif load_spec(op).structure.grid is not None:  # the grid ops share rope3d's angles
         cos, sin = load_spec("rope3d").reference(x, *params, tables=True)
@@ -51,9 +52,9 @@ def check(op, outs, inputs, params, convention):
     kwargs = {"convention": convention} if len(spec.structure.conventions) > 1 else {}
     expected = spec.reference(*inputs, *params, **kwargs)
     outs, expected = (outs, expected) if isinstance(outs, tuple) else ((outs,), (expected,))
-    rotated = [t for t, spec_t in zip(inputs, spec.inputs) if t is not None and not spec_t.coordinates][
-        : len(outs)
-    ]
+    rotated = [
+        t for t, spec_t in zip(inputs, spec.inputs) if t is not None and not spec_t.dims == COORDINATES
+    ][: len(outs)]
     roundings = 3 if convention == "transformers" else 1
     for out, want, x in zip(outs, expected, rotated):
         assert out.shape == x.shape and out.dtype == x.dtype
@@ -140,7 +141,7 @@ def test_matches_reference(ops, case):
     for t, tensor in zip(inputs, spec.inputs):  # tables are cos/sin-sized, coordinates up to 2048
         if tensor.name in ("cos", "sin"):
             t.div_(case["magnitude"])
-        if tensor.coordinates:
+        if tensor.dims == COORDINATES:
             t.copy_((t.abs() * 700 / case["magnitude"]).round())
     outs = ops[op](*inputs, *case["params"], convention=case["convention"])
     check(op, outs, inputs, case["params"], case["convention"])
