@@ -52,7 +52,8 @@ def op_names() -> list[str]:
 
 
 def arch_names() -> list[str]:
-    return sorted(p.stem for p in data_dir("arch").glob("sm_*.toml"))
+    """The arch profiles, oldest first (sm_75 ... sm_120)."""
+    return sorted((p.stem for p in data_dir("arch").glob("sm_*.toml")), key=lambda n: (len(n), n))
 
 
 def _format(err: ValidationError, title: str | None = None) -> str:

@@ -289,11 +289,9 @@ def explain(
         else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"
     )
     print_line = console.print if console.is_terminal else print
-    print_line(
-        f"{op} on {profile.name} ({', '.join(d.name for d in profile.devices)}), {dtype}, {rows} rows × "
-        f"hidden "
-        f"{hidden}; {source}"
-    )
+    devices = ", ".join(d.name for d in profile.devices)
+    print_line(f"{op} on {profile.name} ({devices}), {dtype}, {rows} rows × hidden {hidden}; {source}")
+    print_line(f"the planner's facts for {profile.name}: {profile.planner.basis}")
     _table("plan", ["choice", "value", "why"], [list(row) for row in plan.choices])
     print_line(
         f"minimum traffic: {plan.min_bytes / 1e6:.2f} MB (each input read once, each output written once)"

@@ -16,6 +16,9 @@ class PlannerFacts(BaseModel):
     the family validates with its own schema."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
+    basis: str = Field(
+        min_length=1
+    )  # measured on the arch, or rules carried over from another (said by explain)
     block_threads: int = Field(ge=32, multiple_of=32)
 
 
@@ -35,6 +38,7 @@ class ArchProfile(BaseModel):
     l2_bytes: int = Field(gt=0)
     bf16: bool
     clusters: bool
+    tma: bool  # the tensor memory accelerator (bulk tensor copies)
     devices: list[Device] = Field(min_length=1)
     planner: PlannerFacts
 

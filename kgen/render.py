@@ -170,6 +170,7 @@ def project_context(
         f"arch: {profile.name} ({', '.join(d.name for d in profile.devices)}), {profile.sm_count} SMs, "
         f"{profile.max_shared_memory_per_block // 1024} KB shared memory per block",
         f"dtypes: {', '.join(kp.dtype for kp in plans)}",
+        f"planner facts: {profile.planner.basis}",
         f"plan ({plan_title}):",
     ]
     header += ["  " + line for line in plan_lines]

@@ -1,6 +1,11 @@
-"""Shared fixtures. GPU tests (marker `gpu`) skip where there is no CUDA device; toolchain
-tests (marker `toolchain`) skip without nvcc or a CUDA build of torch, unless
-KGEN_REQUIRE_TOOLCHAIN=1 (CI sets it) turns the skip into a failure."""
+"""Shared fixtures. GPU tests (marker `gpu`) skip where there is no CUDA device; toolchain tests (marker
+`toolchain`) skip without nvcc or a CUDA build of torch, unless KGEN_REQUIRE_TOOLCHAIN=1 (CI sets it) turns
+the skip into a failure.
+
+The GPU tests run the plans of the arch in $KGEN_TEST_ARCH (default: the device's newest): an older arch's
+build runs on a newer GPU through the driver's JIT of its PTX, so every arch's plans run on the GPU at
+hand. A test parametrized by a dtype that arch refuses (bf16 on sm_75) skips; the property and opcheck
+tests check the refusal instead."""
 
 from __future__ import annotations
 
@@ -13,6 +18,28 @@ import pytest
 import torch
 
 from kgen.builder import build_op, device_arch, load, variant_name
+from kgen.catalog import load_profile
+
+# what a build says when its arch has no arithmetic for the dtype
+REFUSAL = r"which this build \(sm_\d+\) does not support"
+
+
+def test_arch() -> str:
+    """The arch whose plans the GPU tests build and run."""
+    return os.environ.get("KGEN_TEST_ARCH") or device_arch()
+
+
+def refused(dtype: torch.dtype) -> bool:
+    """Whether the tested arch has no arithmetic for this dtype (its build refuses it)."""
+    return str(dtype).removeprefix("torch.") not in load_profile(test_arch()).dtypes
+
+
+def usable_dtype() -> torch.dtype:
+    """bfloat16 where the tested arch has it, else float16: for tests about something else than dtypes."""
+    return torch.float16 if refused(torch.bfloat16) else torch.bfloat16
+
+
+test_arch.__test__ = False  # a helper, not a test
 
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
 
@@ -27,9 +54,17 @@ def toolchain_missing() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     missing = toolchain_missing()
+    gpu = torch.cuda.is_available()
     for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        dtype = getattr(getattr(item, "callspec", None), "params", {}).get("dtype")
+        if "gpu" in item.keywords and gpu and isinstance(dtype, torch.dtype) and refused(dtype):
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"{test_arch()} has no {dtype} (the property and opcheck tests check the refusal)"
+                )
+            )
         if "toolchain" in item.keywords and missing and not REQUIRE_TOOLCHAIN:
             item.add_marker(pytest.mark.skip(reason=missing))
 
@@ -46,7 +81,7 @@ def built(build_root):
     cache = {}
 
     def get(op: str, arch: str | None = None):
-        arch = arch or device_arch()
+        arch = arch or test_arch()
         if (op, arch) not in cache:
             project = build_op(op, arch, build_root)
             cache[op, arch] = (project, load(project))

@@ -59,7 +59,7 @@ def test_user_errors_exit_2_with_a_message():
         (("build", "rmsnorm", "--arch", "sm_75", "--dtype", "bfloat16"), "has no bfloat16 arithmetic"),
         (("explain", "rmsnorm", "--shape", "8192xabc"), "--shape must look like 8192x4096"),
         (("explain", "layernorm2"), "unknown op 'layernorm2'"),
-        (("build", "rmsnorm", "--arch", "sm_100"), "unknown arch 'sm_100'"),
+        (("build", "rmsnorm", "--arch", "sm_101"), "unknown arch 'sm_101'"),
         (("build",), "give op names or --all"),
         (("build", "rmsnorm", "--all"), "give op names or --all"),
         (("build", "rmsnorm", "--dtype", "bf17"), "unknown dtype 'bf17'"),

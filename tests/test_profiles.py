@@ -10,13 +10,17 @@ from kgen.errors import KgenError
 
 
 def test_shipped_profiles():
-    assert arch_names() == ["sm_75", "sm_80", "sm_90"]
-    t4, a100, hopper = (load_profile(a) for a in arch_names())
+    assert arch_names() == ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"]  # oldest first
+    t4, a100, a10g, l40s, hopper, b200, rtx5090 = (load_profile(a) for a in arch_names())
     assert (t4.sm_count, t4.shared_memory_per_sm, t4.bf16) == (40, 64 * 1024, False)
     assert (a100.sm_count, a100.bf16, a100.clusters) == (108, True, False)
     assert (hopper.sm_count, hopper.clusters) == (132, True)
     assert [d.memory_bandwidth_gbs for d in hopper.devices] == [3350, 4800]
     assert t4.dtypes == ["float32", "float16"]
+    assert (a10g.max_threads_per_sm, l40s.sm_count, rtx5090.max_shared_memory_per_block) == (1536, 142, 99 * 1024)
+    assert (b200.sm_count, b200.clusters, b200.tma, a10g.tma) == (148, True, True, False)
+    assert [d.name for d in l40s.devices] == ["L40S", "L4", "RTX 4090"]
+    assert "not measured" in a10g.planner.basis and "measured on the H200" in hopper.planner.basis
 
 
 def test_every_number_has_a_source_comment():
@@ -91,5 +95,7 @@ def test_not_toml(arch_dir):
 
 
 def test_unknown_arch():
-    with pytest.raises(KgenError, match="unknown arch 'sm_100'; known archs: sm_75, sm_80, sm_90"):
-        load_profile("sm_100")
+    with pytest.raises(
+        KgenError, match="unknown arch 'sm_101'; known archs: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120"
+    ):
+        load_profile("sm_101")

@@ -273,6 +273,11 @@ class RowReduceFamily(RowsFamily):
                 if profile.clusters
                 else f"not available on {profile.name} (profile: clusters = false)"
             ),
+            "bulk copies (TMA)": (
+                "not used: each thread's 16-byte loads put its part of the row straight into registers"
+                if profile.tma
+                else f"not available on {profile.name} (profile: tma = false)"
+            ),
             "block_threads": f"{profile.planner.block_threads} threads per block when rows are short "
             "(profile planner.block_threads)",
             "warp size": f"{profile.warp_size} lanes per shuffle reduction (profile warp_size)",

@@ -3,6 +3,7 @@
 //
 // arch: sm_90 (H100 SXM, H200 SXM), 132 SMs, 227 KB shared memory per block
 // dtypes: float32, float16, bfloat16
+// planner facts: measured on the H200: kgen bench and kgen tune (2026-11-29, 2026-11-30); the tuning table in arch/tuning/sm_90.toml
 // plan (the launcher picks the access width at run time):
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (each half of a packed one): the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size

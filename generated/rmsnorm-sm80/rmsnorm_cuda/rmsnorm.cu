@@ -3,10 +3,12 @@
 //
 // arch: sm_80 (A100 SXM 80GB), 108 SMs, 163 KB shared memory per block
 // dtypes: float32, float16, bfloat16
+// planner facts: rules: sm_90's ladders and thresholds, not measured on this arch
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
 //   vector path: 16-byte accesses (4 × float32) when x, weight, out are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access, the row re-read from L2 instead of cached: correct for any alignment and any hidden size
 //   clusters: not available on sm_80 (profile: clusters = false)
+//   bulk copies (TMA): not available on sm_80 (profile: tma = false)
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   grid fill: at least 2 blocks per SM × 108 SMs (profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads

@@ -3,10 +3,12 @@
 //
 // arch: sm_90 (H100 SXM, H200 SXM), 132 SMs, 227 KB shared memory per block
 // dtypes: float32, float16, bfloat16
+// planner facts: measured on the H200: kgen bench and kgen tune (2026-11-29, 2026-11-30); the tuning table in arch/tuning/sm_90.toml
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
 //   vector path: 16-byte accesses (4 × float32) when x, weight, out are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access, the row re-read from L2 instead of cached: correct for any alignment and any hidden size
 //   clusters: not used: one block holds rows up to 223 KB on chip, beyond any hidden size in the shape suite
+//   bulk copies (TMA): not used: each thread's 16-byte loads put its part of the row straight into registers
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   grid fill: at least 2 blocks per SM × 132 SMs (profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads

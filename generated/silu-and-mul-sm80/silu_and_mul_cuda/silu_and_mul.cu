@@ -3,6 +3,7 @@
 //
 // arch: sm_80 (A100 SXM 80GB), 108 SMs, 163 KB shared memory per block
 // dtypes: float32, float16, bfloat16
+// planner facts: rules: sm_90's ladders and thresholds, not measured on this arch
 // plan (the launcher picks the access width at run time):
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (each half of a packed one): the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
