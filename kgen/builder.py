@@ -23,7 +23,7 @@ from .catalog import arch_names, load_profile
 from .errors import BuildError
 from .planner import plan_kernel
 from .profile import ArchProfile
-from .project import Target, resolve_target, write_tree
+from .project import MultiTarget, Target, resolve_target, write_tree
 from .render import render_local_files, render_project
 
 CXX = os.environ.get("CXX", "c++")
@@ -92,10 +92,18 @@ def parse_ptxas(log: str) -> list[PtxasEntry]:
     return entries
 
 
-def compile_kernel(project: Path, op: str, profile: ArchProfile, obj: Path, nvcc: str | None = None) -> str:
-    """nvcc -c of the project's kernel for the profile's arch; returns the ptxas report."""
+def compile_kernel(
+    project: Path,
+    op: str,
+    profile: ArchProfile,
+    obj: Path,
+    nvcc: str | None = None,
+    source: str | None = None,
+) -> str:
+    """nvcc -c of the project's kernel (``source``: one arch's, in a project for several) for the profile's
+    arch; returns the ptxas report."""
     nvcc = nvcc or find_nvcc()
-    src = project / f"{op}_cuda" / f"{op}.cu"
+    src = project / (source or f"{op}_cuda/{op}.cu")
     return _run([nvcc, *NVCC_FLAGS, *gencode(profile), "-c", str(src), "-o", str(obj)], f"nvcc {src.name}")
 
 
@@ -140,22 +148,34 @@ def ops_name(project: Path, python_name: str, flags: list[str]) -> str:
     return f"_{python_name}_cuda_{digest.hexdigest()[:10]}"
 
 
-def render_target(target: Target) -> dict[str, str]:
-    """The target's project files (path -> text): every dtype planned, then rendered."""
-    plans = [plan_kernel(target.spec, target.profile, dtype, target.tuning) for dtype in target.dtypes]
-    return render_project(target.spec, target.profile, plans, target.spec_hash)
+def _parts(target: Target | MultiTarget) -> tuple[Target, ...]:
+    return target.targets if isinstance(target, MultiTarget) else (target,)
 
 
-def write_project(target: Target, out_root: Path) -> Path:
+def render_target(target: Target | MultiTarget) -> dict[str, str]:
+    """The target's project files (path -> text): every arch's dtypes planned, then rendered."""
+    parts = [
+        (t.profile, [plan_kernel(t.spec, t.profile, dtype, t.tuning) for dtype in t.dtypes])
+        for t in _parts(target)
+    ]
+    return render_project(target.spec, parts, target.spec_hash, target.kernel_name)
+
+
+def write_project(target: Target | MultiTarget, out_root: Path) -> Path:
     """Writes the target's project to out_root/<kernel name>/ (atomically, keeping a previous build/)."""
     out_dir = Path(out_root) / target.kernel_name
     write_tree(render_target(target), out_dir, keep=("build",))
     return out_dir
 
 
-def build_project(project: Path, target: Target, step: Callable[[str], None] = lambda _: None) -> Path:
-    """Compiles and links the target's project into project/build/<variant>/ (replaced atomically)."""
-    op, python_name, kernel_name, profile = target.op, target.python_name, target.kernel_name, target.profile
+def build_project(
+    project: Path, target: Target | MultiTarget, step: Callable[[str], None] = lambda _: None
+) -> Path:
+    """Compiles and links the target's project into project/build/<variant>/ (replaced atomically): each
+    arch's kernels for its own target (and its PTX, for newer devices), the binding once."""
+    op, python_name, kernel_name, parts = target.op, target.python_name, target.kernel_name, _parts(target)
+    several = len(parts) > 1
+    sources = [(t.profile, f"{op}_cuda/{op}_{t.arch}.cu" if several else None) for t in parts]
     torch, torch_root = _torch_env()
     nvcc = find_nvcc()
     home = cuda_home(nvcc)
@@ -163,7 +183,8 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
     cxx_std = "-std=c++20" if (major, minor) >= (2, 12) else "-std=c++17"  # as kernel-builder
     abi = int(torch.compiled_with_cxx11_abi())
     variant = variant_name()
-    name = ops_name(project, python_name, [*NVCC_FLAGS, *gencode(profile), cxx_std, variant])
+    flags = [*NVCC_FLAGS, *(f for t in parts for f in gencode(t.profile)), cxx_std, variant]
+    name = ops_name(project, python_name, flags)
     out = project / "build" / variant
     if (out / f"{name}.abi3.so").is_file():
         step(f"up to date: {out}")
@@ -196,11 +217,16 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *[f"-I{p}" for p in includes],
         ]
-        step(f"compiling {op}.cu for {profile.name} and the torch binding (torch {torch.__version__})")
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            kernel = pool.submit(compile_kernel, project, op, profile, tmp / f"{op}.o", nvcc)
+        archs = ", ".join(t.arch for t in parts)
+        step(f"compiling {op}'s kernels for {archs} and the torch binding (torch {torch.__version__})")
+        objects = [tmp / f"{op}_{i}.o" for i in range(len(parts))]
+        with ThreadPoolExecutor(max_workers=max(2, min(len(parts) + 1, os.cpu_count() or 2))) as pool:
+            kernels = [
+                pool.submit(compile_kernel, project, op, profile, obj, nvcc, source)
+                for (profile, source), obj in zip(sources, objects)
+            ]
             binding = pool.submit(_run, binding_cmd, "compiling torch_binding.cpp")
-            ptxas_log = kernel.result()
+            ptxas_log = "".join(kernel.result() for kernel in kernels)
             binding.result()
         step("linking")
         lib = f"{name}.abi3.so"
@@ -210,7 +236,7 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
                 "-shared",
                 "-o",
                 str(tmp / lib),
-                str(tmp / f"{op}.o"),
+                *map(str, objects),
                 str(tmp / "torch_binding.o"),
                 f"-L{torch_root / 'lib'}",
                 "-lc10",
@@ -236,7 +262,7 @@ def build_project(project: Path, target: Target, step: Callable[[str], None] = l
                     "license": "apache-2.0",
                     "python-depends": [],
                     "kernel-depends": [],
-                    "backend": {"type": "cuda", "archs": [profile.compute_capability]},
+                    "backend": {"type": "cuda", "archs": [t.profile.compute_capability for t in parts]},
                 },
                 indent=2,
             )

@@ -131,7 +131,13 @@ def build(
         Optional[list[str]], typer.Argument(help="op names (see `kgen list`)", show_default=False)
     ] = None,
     arch: Annotated[
-        Optional[list[str]], typer.Option("--arch", help="arch profile; repeat for several (default: all)")
+        Optional[list[str]],
+        typer.Option(
+            "--arch",
+            help="arch profile, a project each; repeat for several. A comma list (sm_80,sm_90) or 'all' "
+            "makes one "
+            "project for those archs. Default: a project for each arch",
+        ),
     ] = None,
     dtype: Annotated[
         Optional[list[str]],
@@ -140,7 +146,9 @@ def build(
             help="I/O dtype (bf16, fp16, fp32 or torch's names); repeat (default: all the arch supports)",
         ),
     ] = None,
-    all_: Annotated[bool, typer.Option("--all", help="every op × every arch profile")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="every op: a project for each arch and one for every arch")
+    ] = False,
     out: Annotated[
         Path, typer.Option("--out", help="output root; each project goes to OUT/<op>-<arch>")
     ] = Path("generated"),
@@ -153,13 +161,20 @@ def build(
 ) -> None:
     """Write kernel-builder projects (and with --compile, a local build `kernels` loads)."""
     from .builder import build_project, write_project
-    from .project import resolve_target
+    from .project import resolve_multi_target, resolve_target
 
     if all_ == bool(ops):
         raise UsageError("give op names or --all (not both)")
     names = op_names() if all_ else list(dict.fromkeys(ops))
     dtypes = [_dtype(d) for d in dtype] if dtype else None
-    targets = [resolve_target(o, a, dtypes) for o in names for a in arch or arch_names()]
+    archs = arch or (arch_names() + ["all"] if all_ else arch_names())
+    targets = [
+        resolve_multi_target(o, a.split(","), dtypes)
+        if "," in a or a == "all"
+        else resolve_target(o, a, dtypes)
+        for o in names
+        for a in archs
+    ]
     with _Steps(len(targets) * (2 if compile_ else 1), "writing projects") as steps:
         paths = []
         for target in targets:
@@ -262,7 +277,10 @@ def _dtype(name: str) -> str:
 @_user_errors
 def explain(
     op: Annotated[str, typer.Argument(help="op name")],
-    arch: Annotated[str, typer.Option("--arch", help="arch profile")] = "sm_90",
+    arch: Annotated[
+        str,
+        typer.Option("--arch", help="arch profile; a comma list or 'all' explains each arch's plan in turn"),
+    ] = "sm_90",
     dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
     shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096 or 2x4096x3072")] = "8192x4096",
 ) -> None:
@@ -270,6 +288,11 @@ def explain(
     from .planner import plan_launch
 
     dtype = _dtype(dtype)
+    archs = arch_names() if arch == "all" else arch.split(",")
+    if len(archs) > 1:
+        for name in archs:
+            explain(op, name, dtype, shape)
+        return
     spec, profile = load_spec(op), load_profile(arch)
     rows, hidden = _shape(shape)
     tuning = load_tuning(profile.name)

@@ -1,5 +1,6 @@
 """The project a build writes: what it is built from (a `Target`: the loaded spec, profile, dtypes and tuning
-table), how it is named on the Hub and on disk, and how its files reach the disk (atomically)."""
+table; a `MultiTarget`: one project for several archs), how it is named on the Hub and on disk, and how its
+files reach the disk (atomically)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalog import load_profile, load_spec, load_tuning, spec_hash
+from .catalog import arch_names, load_profile, load_spec, load_tuning, spec_hash
 from .dsl import OpSpec
+from .errors import UsageError
 from .planner import check_dtype
 from .profile import ArchProfile, TuningTable
 
@@ -60,6 +62,64 @@ def resolve_target(op: str, arch: str, dtypes: list[str] | tuple[str, ...] | Non
     for dtype in dtypes or []:
         check_dtype(profile, dtype)
     return Target(spec, profile, tuple(dtypes or profile.dtypes), spec_hash(op), load_tuning(profile.name))
+
+
+@dataclass(frozen=True)
+class MultiTarget:
+    """One project for several archs (kernel-builder's list of cuda-capabilities): each arch's plans
+    compiled for its own target, the binding picking the newest arch the running device can run."""
+
+    targets: tuple[Target, ...]  # oldest arch first
+    every_arch: bool = False  # the archs are every profile kgen has: the project takes the op's own name
+
+    @property
+    def spec(self) -> OpSpec:
+        return self.targets[0].spec
+
+    @property
+    def op(self) -> str:
+        return self.spec.name
+
+    @property
+    def spec_hash(self) -> str:
+        return self.targets[0].spec_hash
+
+    @property
+    def archs(self) -> list[str]:
+        return [t.arch for t in self.targets]
+
+    @property
+    def kernel_name(self) -> str:
+        """rmsnorm for every arch, rmsnorm-sm80-sm90 for some."""
+        return self.op.replace("_", "-") if self.every_arch else kernel_name(self.op, "-".join(self.archs))
+
+    @property
+    def python_name(self) -> str:
+        return self.kernel_name.replace("-", "_")
+
+
+def resolve_multi_target(
+    op: str, archs: list[str], dtypes: list[str] | tuple[str, ...] | None = None
+) -> MultiTarget:
+    """One project for ``archs`` ("all": every profile): each arch with the requested dtypes it runs (all it
+    runs without ``dtypes``); a dtype no arch runs is refused."""
+    every = archs == ["all"]
+    names = sorted(
+        dict.fromkeys(arch_names() if every else archs), key=lambda a: load_profile(a).capability_number
+    )
+    if len(names) < 2:
+        raise UsageError(f"a project for several archs needs two or more, got {names}")
+    profiles = [load_profile(a) for a in names]
+    for profile in profiles:
+        if dtypes and not set(dtypes) & set(profile.dtypes):
+            raise UsageError(
+                f"{profile.name} runs none of the dtypes asked for ({', '.join(dtypes)}; it runs "
+                f"{', '.join(profile.dtypes)}): leave it out or ask for one it runs"
+            )
+    targets = [
+        resolve_target(op, p.name, [d for d in dtypes if d in p.dtypes] if dtypes else None) for p in profiles
+    ]
+    return MultiTarget(tuple(targets), every and set(names) == set(arch_names()))
 
 
 def write_tree(files: dict[str, str | bytes], out_dir: Path, keep: tuple[str, ...] = ()) -> None:

@@ -75,7 +75,10 @@ def test_user_errors_exit_2_with_a_message():
 def test_build_all_writes_every_project_with_progress(tmp_path):
     result = run("build", "--all", "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
-    expected = sorted(kernel_name(op, arch) for op in op_names() for arch in arch_names())
+    expected = sorted(
+        [kernel_name(op, arch) for op in op_names() for arch in arch_names()]
+        + [op.replace("_", "-") for op in op_names()]
+    )  # each op's every-arch project
     assert "rmsnorm-sm90" in expected and "layernorm-sm75" in expected
     assert sorted(p.name for p in tmp_path.iterdir()) == expected
     wrote = [line for line in result.output.splitlines() if line.startswith("wrote ")]
@@ -144,7 +147,10 @@ def test_output_without_a_terminal_is_plain_and_complete(tmp_path):
 def test_a_rebuild_with_nothing_to_do_says_so_once(tmp_path):
     first = run("build", "rmsnorm", "--arch", "sm_90", "--dtype", "bf16", "--compile", "--out", str(tmp_path))
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[-1].startswith("built: ") and "compiling rmsnorm.cu" in first.output
+    assert (
+        first.output.splitlines()[-1].startswith("built: ")
+        and "compiling rmsnorm's kernels for sm_90" in first.output
+    )
     again = run("build", "rmsnorm", "--arch", "sm_90", "--dtype", "bf16", "--compile", "--out", str(tmp_path))
     assert again.exit_code == 0, again.output
     assert [line.split(":")[0] for line in again.output.splitlines()] == [

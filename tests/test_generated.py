@@ -15,10 +15,12 @@ import kgen.builder as builder
 import kgen.project as project_module
 from kgen.builder import render_target, write_project
 from kgen.catalog import arch_names, op_names
-from kgen.project import resolve_target, write_tree
+from kgen.errors import KgenError
+from kgen.project import MultiTarget, resolve_multi_target, resolve_target, write_tree
 
 GENERATED = Path(__file__).resolve().parents[1] / "generated"
 TARGETS = [resolve_target(op, arch) for op in op_names() for arch in arch_names()]
+EVERY_ARCH = [resolve_multi_target(op, ["all"]) for op in op_names()]  # the Hub projects: one per op
 KERNEL_NAME = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")  # kernel-builder's general.name rule
 
 
@@ -31,7 +33,7 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def test_generated_matches_a_fresh_build(tmp_path):
-    for target in TARGETS:
+    for target in TARGETS + EVERY_ARCH:
         write_project(target, tmp_path)
     fresh, committed = tree(tmp_path), tree(GENERATED)
     assert sorted(fresh) == sorted(committed), "run `kgen build --all` and commit generated/"
@@ -69,7 +71,7 @@ def test_failed_write_cleans_up(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["proj"]
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.kernel_name)
+@pytest.mark.parametrize("target", TARGETS + EVERY_ARCH, ids=lambda t: t.kernel_name)
 def test_hub_rules(target):
     files = render_target(target)
     assert KERNEL_NAME.match(target.kernel_name)
@@ -83,10 +85,12 @@ def test_hub_rules(target):
         "backends": ["cuda"],
     }
     assert set(config["torch"]["src"]) <= set(files)
-    (kernel,) = config["kernel"].values()
-    assert set(kernel) == {"backend", "src", "depends", "cuda-capabilities"}
-    assert set(kernel["src"]) <= set(files) and kernel["backend"] == "cuda"
-    assert kernel["cuda-capabilities"] == [target.profile.compute_capability]
+    parts = target.targets if isinstance(target, MultiTarget) else (target,)
+    assert len(config["kernel"]) == len(parts), "one kernel section per arch"
+    for kernel, part in zip(config["kernel"].values(), parts):  # each arch's kernels for its own capability
+        assert set(kernel) == {"backend", "src", "depends", "cuda-capabilities"}
+        assert set(kernel["src"]) <= set(files) and kernel["backend"] == "cuda"
+        assert kernel["cuda-capabilities"] == [part.profile.compute_capability]
     pkg = f"torch-ext/{target.python_name}"
     assert f"{pkg}/__init__.py" in files and f"{pkg}/layers.py" in files
     assert not any(p.endswith(("registration.h", "_ops.py")) for p in files), "kernel-builder generates these"
@@ -169,3 +173,33 @@ def test_the_plan_is_written_once_per_project():
             f"The plan and the rule behind each choice: {target.op}.cu."
             in files[f"{target.op}_cuda/{target.op}.h"]
         )
+
+
+def test_a_project_for_several_archs():
+    """One project, each arch's kernels in their own .cu for their own capability, a table of plans newest
+    first in the binding, the dtypes of every arch together (sm_75 runs no bfloat16: its bit is clear)."""
+    target = resolve_multi_target("rmsnorm", ["sm_90", "sm_75", "sm_80"])
+    assert target.kernel_name == "rmsnorm-sm75-sm80-sm90" and target.archs == ["sm_75", "sm_80", "sm_90"]
+    files = render_target(target)
+    kernels = sorted(p for p in files if p.endswith(".cu"))
+    assert kernels == [f"rmsnorm_cuda/rmsnorm_sm_{a}.cu" for a in (75, 80, 90)]
+    for path in kernels:
+        arch = path.removesuffix(".cu").split("_sm_")[1]
+        assert f"cudaError_t launch_rmsnorm_fwd_sm_{arch}(" in files[path]
+        assert f"arch: sm_{arch}" in files[path]
+    binding = files["torch-ext/torch_binding.cpp"]
+    table = binding[binding.index("constexpr Plans kPlans[] = {") :]
+    assert (
+        table.index('{90, "sm_90", 7u,') < table.index('{80, "sm_80", 7u,') < table.index('{75, "sm_75", 3u,')
+    )
+    assert "enum class DType { k_float32, k_float16, k_bfloat16 };" in files["rmsnorm_cuda/rmsnorm.h"]
+    assert (
+        "for sm_75, sm_80, sm_90 (float32, float16, bfloat16)"
+        in files["torch-ext/rmsnorm_sm75_sm80_sm90/__init__.py"]
+    )
+    every = resolve_multi_target("rmsnorm", ["all"])
+    assert every.kernel_name == "rmsnorm" and every.archs == arch_names()
+    with pytest.raises(KgenError, match="sm_75 runs none of the dtypes asked for"):
+        resolve_multi_target("rmsnorm", ["sm_75", "sm_90"], ["bfloat16"])
+    with pytest.raises(KgenError, match="needs two or more"):
+        resolve_multi_target("rmsnorm", ["sm_90", "sm_90"])

@@ -34,7 +34,7 @@ ALLOWED = {
     # the core asks the registry (families.__init__) for a spec's family
     "catalog": {"dsl", "errors", "families.__init__", "families.base", "profile"},
     "planner": {"dsl", "errors", "families.__init__", "families.base", "profile"},
-    "project": {"catalog", "dsl", "planner", "profile"},
+    "project": {"catalog", "dsl", "errors", "planner", "profile"},
     "render": {
         "__init__",
         "catalog",
@@ -89,11 +89,11 @@ SIZES = {
     "dsl.py": 580,
     "bench.py": 420,
     "cli.py": 480,
-    "render.py": 340,
-    "builder.py": 320,
+    "render.py": 420,
+    "builder.py": 360,
     "catalog.py": 280,
     "tune.py": 230,
-    "project.py": 140,
+    "project.py": 220,
     "profile.py": 140,
     "codegen.py": 170,
     "planner.py": 60,

@@ -17,7 +17,11 @@ def test_shipped_profiles():
     assert (hopper.sm_count, hopper.clusters) == (132, True)
     assert [d.memory_bandwidth_gbs for d in hopper.devices] == [3350, 4800]
     assert t4.dtypes == ["float32", "float16"]
-    assert (a10g.max_threads_per_sm, l40s.sm_count, rtx5090.max_shared_memory_per_block) == (1536, 142, 99 * 1024)
+    assert (a10g.max_threads_per_sm, l40s.sm_count, rtx5090.max_shared_memory_per_block) == (
+        1536,
+        142,
+        99 * 1024,
+    )
     assert (b200.sm_count, b200.clusters, b200.tma, a10g.tma) == (148, True, True, False)
     assert [d.name for d in l40s.devices] == ["L40S", "L4", "RTX 4090"]
     assert "not measured" in a10g.planner.basis and "measured on the H200" in hopper.planner.basis
@@ -96,6 +100,7 @@ def test_not_toml(arch_dir):
 
 def test_unknown_arch():
     with pytest.raises(
-        KgenError, match="unknown arch 'sm_101'; known archs: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120"
+        KgenError,
+        match="unknown arch 'sm_101'; known archs: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120",
     ):
         load_profile("sm_101")

@@ -146,6 +146,23 @@ def test_the_local_build_is_abi3_clean_and_its_manylinux_gap_is_known(cpu_built)
     assert "built by kernel-builder" in (project / "CARD.md").read_text()
 
 
+def test_a_project_for_several_archs_builds_and_loads(tmp_path):
+    """Each arch's kernels compiled for its own target (with its PTX), the binding once, one library:
+    loadable, its metadata listing every capability."""
+    from kgen.project import resolve_multi_target
+
+    target = resolve_multi_target("rope3d", ["sm_75", "sm_90"], ["float16"])
+    project = write_project(target, tmp_path)
+    variant = build_project(project, target)
+    metadata = json.loads((variant / "metadata.json").read_text())
+    assert metadata["backend"]["archs"] == ["7.5", "9.0"] and metadata["name"] == "rope3d-sm75-sm90"
+    log = (variant / "ptxas.log").read_text()
+    assert "for 'sm_75'" in log and "for 'sm_90'" in log
+    kernel = load(project)
+    with pytest.raises(ValueError, match="rope3d: x must be a CUDA tensor"):
+        kernel.rope3d(torch.randn(1, 24, 64, dtype=torch.float16), 2, 3, 4)
+
+
 def test_layers_follow_kernels_rules(cpu_built):
     from kernels.layer.layer import _validate_layer
 

@@ -10,6 +10,8 @@ import torch.nn.functional as F  # noqa: F401
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TOLERANCE = {torch.float32: 1e-05, torch.float16: 0.01, torch.bfloat16: 0.02, }
+# the plans this build holds, newest arch first: (compute capability, the dtypes they run)
+PLANS = [(90, ['float32', 'float16', 'bfloat16']), ]
 CONVENTIONS = ["single_rounding", ]
 
 
@@ -33,12 +35,25 @@ def rope_apply_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 CASES = [({'x': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ]
 
 
+def runs(dtype) -> bool:
+    """Whether the plans this device gets (the newest arch it can run) run the dtype."""
+    major, minor = torch.cuda.get_device_capability()
+    for capability, dtypes in PLANS:
+        if major * 10 + minor >= capability:
+            return str(dtype).removeprefix("torch.") in dtypes
+    return False
+
+
 def check(kernel, shapes, params, convention, dtype, absent=()):
     tensors = [
         None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
         None if "cos" in absent else torch.randn(shapes["cos"], dtype=torch.float32, device="cuda"),
         None if "sin" in absent else torch.randn(shapes["sin"], dtype=torch.float32, device="cuda"),
     ]
+    if not runs(dtype):  # this device's plans refuse the dtype, saying so
+        with pytest.raises(TypeError, match="do(es)? not support"):
+            kernel.rope_apply(*tensors, **params, convention=convention)
+        return
     outs = kernel.rope_apply(*tensors, **params, convention=convention)
     expected = rope_apply_ref(*tensors, **params)
     if isinstance(outs, torch.Tensor):

@@ -10,6 +10,8 @@ import torch.nn.functional as F  # noqa: F401
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TOLERANCE = {torch.float32: 1e-05, torch.float16: 0.01, }
+# the plans this build holds, newest arch first: (compute capability, the dtypes they run)
+PLANS = [(75, ['float32', 'float16']), ]
 CONVENTIONS = ["single_rounding", "transformers", ]
 
 
@@ -51,6 +53,15 @@ def rope_ref(
 CASES = [({'x': (2, 7, 64), 'k': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'k': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'k': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'k': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ]
 
 
+def runs(dtype) -> bool:
+    """Whether the plans this device gets (the newest arch it can run) run the dtype."""
+    major, minor = torch.cuda.get_device_capability()
+    for capability, dtypes in PLANS:
+        if major * 10 + minor >= capability:
+            return str(dtype).removeprefix("torch.") in dtypes
+    return False
+
+
 def check(kernel, shapes, params, convention, dtype, absent=()):
     tensors = [
         None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
@@ -58,6 +69,10 @@ def check(kernel, shapes, params, convention, dtype, absent=()):
         None if "cos" in absent else torch.randn(shapes["cos"], dtype=dtype, device="cuda"),
         None if "sin" in absent else torch.randn(shapes["sin"], dtype=dtype, device="cuda"),
     ]
+    if not runs(dtype):  # this device's plans refuse the dtype, saying so
+        with pytest.raises(TypeError, match="do(es)? not support"):
+            kernel.rope(*tensors, **params, convention=convention)
+        return
     outs = kernel.rope(*tensors, **params, convention=convention)
     expected = rope_ref(*tensors, **params, convention=convention)
     if isinstance(outs, torch.Tensor):

@@ -10,6 +10,8 @@ import torch.nn.functional as F  # noqa: F401
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TOLERANCE = {torch.float32: 1e-05, torch.float16: 0.01, torch.bfloat16: 0.02, }
+# the plans this build holds, newest arch first: (compute capability, the dtypes they run)
+PLANS = [(86, ['float32', 'float16', 'bfloat16']), ]
 CONVENTIONS = ["single_rounding", ]
 
 
@@ -61,11 +63,24 @@ CASES = [({'x': (1, 24, 2), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 12), 'coo
 OTHER_PARAMS = {'theta': 20000.5, 'base_frames': 40.5, 'base_height': 4096.5, 'base_width': 4096.5}
 
 
+def runs(dtype) -> bool:
+    """Whether the plans this device gets (the newest arch it can run) run the dtype."""
+    major, minor = torch.cuda.get_device_capability()
+    for capability, dtypes in PLANS:
+        if major * 10 + minor >= capability:
+            return str(dtype).removeprefix("torch.") in dtypes
+    return False
+
+
 def check(kernel, shapes, params, convention, dtype, absent=()):
     tensors = [
         None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
         None if "coords" in absent else torch.randn(shapes["coords"], dtype=torch.float32, device="cuda"),
     ]
+    if not runs(dtype):  # this device's plans refuse the dtype, saying so
+        with pytest.raises(TypeError, match="do(es)? not support"):
+            kernel.rope3d_coords(*tensors, **params, convention=convention)
+        return
     outs = kernel.rope3d_coords(*tensors, **params, convention=convention)
     expected = rope3d_coords_ref(*tensors, **params)
     if isinstance(outs, torch.Tensor):

@@ -10,6 +10,8 @@ import torch.nn.functional as F  # noqa: F401
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TOLERANCE = {torch.float32: 1e-05, torch.float16: 0.01, torch.bfloat16: 0.02, }
+# the plans this build holds, newest arch first: (compute capability, the dtypes they run)
+PLANS = [(120, ['float32', 'float16', 'bfloat16']), ]
 CONVENTIONS = ["single_rounding", ]
 
 
@@ -82,11 +84,24 @@ CASES = [({'x': (1, 24, 2), 'k': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width'
 OTHER_PARAMS = {'theta': 20000.5, 'base_frames': 40.5, 'base_height': 4096.5, 'base_width': 4096.5, 'scale_t': 1.1400000000000001, 'scale_h': 64.5, 'scale_w': 64.5, 'patch_t': 2.5, 'patch': 2.5}
 
 
+def runs(dtype) -> bool:
+    """Whether the plans this device gets (the newest arch it can run) run the dtype."""
+    major, minor = torch.cuda.get_device_capability()
+    for capability, dtypes in PLANS:
+        if major * 10 + minor >= capability:
+            return str(dtype).removeprefix("torch.") in dtypes
+    return False
+
+
 def check(kernel, shapes, params, convention, dtype, absent=()):
     tensors = [
         None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
         None if "k" in absent else torch.randn(shapes["k"], dtype=dtype, device="cuda"),
     ]
+    if not runs(dtype):  # this device's plans refuse the dtype, saying so
+        with pytest.raises(TypeError, match="do(es)? not support"):
+            kernel.rope3d_qk(*tensors, **params, convention=convention)
+        return
     outs = kernel.rope3d_qk(*tensors, **params, convention=convention)
     expected = rope3d_qk_ref(*tensors, **params)
     if isinstance(outs, torch.Tensor):

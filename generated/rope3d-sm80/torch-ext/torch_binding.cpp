@@ -34,7 +34,6 @@ std::string number_str(double v) {
   return text;
 }
 
-constexpr int kBuildCapability = 80;  // compiled for sm_80
 constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
 
 // The dtype of the lead tensor (x), which every other I/O tensor shares.
@@ -55,12 +54,33 @@ void check_device(const torch::Tensor& t, const char* op, const char* name, cons
                     lead.device().str());
 }
 
-void check_capability(const torch::Tensor& lead, const char* op) {
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_rope3d::Rope3DArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {80, "sm_80", 7u, &kgen_rope3d::launch_rope3d_fwd},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_rope3d::DType dtype, const char* op) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
-  TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_80 but ",
-              lead.device().str(), " is sm_", std::to_string(major * 10 + minor));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_80 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
 }
 
 // A rotated tensor as [batch, heads, tokens, D]: a 4-D tensor as it is, [B, S, C] as one head, [T, D] as one batch
@@ -115,7 +135,7 @@ torch::Tensor rope3d_forward(const torch::Tensor& x, int64_t frames, int64_t hei
   TORCH_CHECK_VALUE(frames * height * width == tokens, op, ": x has ", std::to_string(tokens), " tokens per batch but ",
                     "frames·height·width = ", std::to_string(frames), "·", std::to_string(height), "·", std::to_string(width));
   const c10::cuda::CUDAGuard guard(x.device());
-  check_capability(x, op);
+  const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return out;
 
@@ -147,7 +167,7 @@ torch::Tensor rope3d_forward(const torch::Tensor& x, int64_t frames, int64_t hei
   args.patch = patch_f;
   args.dtype = dtype;
   args.convention = convention;
-  const cudaError_t err = kgen_rope3d::launch_rope3d_fwd(args, c10::cuda::getCurrentCUDAStream());
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }

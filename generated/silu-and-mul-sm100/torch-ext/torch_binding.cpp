@@ -34,7 +34,6 @@ std::string number_str(double v) {
   return text;
 }
 
-constexpr int kBuildCapability = 100;  // compiled for sm_100
 constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
 
 // The dtype of the lead tensor (x), which every other I/O tensor shares.
@@ -55,12 +54,33 @@ void check_device(const torch::Tensor& t, const char* op, const char* name, cons
                     lead.device().str());
 }
 
-void check_capability(const torch::Tensor& lead, const char* op) {
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_silu_and_mul::SiluAndMulArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {100, "sm_100", 7u, &kgen_silu_and_mul::launch_silu_and_mul_fwd},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_silu_and_mul::DType dtype, const char* op) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
-  TORCH_CHECK(major * 10 + minor >= kBuildCapability, op, ": this build targets sm_100 but ",
-              lead.device().str(), " is sm_", std::to_string(major * 10 + minor));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_100 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
 }
 
 torch::Tensor silu_and_mul_forward(const torch::Tensor& x, kgen_silu_and_mul::Convention convention, const char* op) {
@@ -74,7 +94,7 @@ torch::Tensor silu_and_mul_forward(const torch::Tensor& x, kgen_silu_and_mul::Co
   out_shape.back() = hidden;
 
   const c10::cuda::CUDAGuard guard(x.device());
-  check_capability(x, op);
+  const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return out;
 
@@ -95,7 +115,7 @@ torch::Tensor silu_and_mul_forward(const torch::Tensor& x, kgen_silu_and_mul::Co
   args.hidden = hidden;
   args.dtype = dtype;
   args.convention = convention;
-  const cudaError_t err = kgen_silu_and_mul::launch_silu_and_mul_fwd(args, c10::cuda::getCurrentCUDAStream());
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
