@@ -319,6 +319,12 @@ def explain(
     print_line(
         f"minimum traffic: {plan.min_bytes / 1e6:.2f} MB (each input read once, each output written once)"
     )
+    if plan.min_bytes <= profile.l2_bytes:
+        print_line(
+            f"it fits the {profile.l2_bytes / 2**20:.0f} MB L2 of {profile.name}: calls back to back on the "
+            f"same "
+            "data may run from L2, faster than this roofline (kgen bench flushes L2 before each run)"
+        )
     for device in profile.devices:
         print_line(
             f"roofline on {device.name} ({device.memory_bandwidth_gbs:g} GB/s): "

@@ -48,6 +48,9 @@ def test_explain_three_dim_shape_and_odd_hidden():
     result = run("explain", "rmsnorm", "--arch", "sm_80", "--dtype", "fp16", "--shape", "2x4096x3071")
     assert result.exit_code == 0, result.output
     assert "2 B (1 elements)" in result.output and "8192 rows" in result.output
+    assert "fits the" not in result.output  # 100 MB moved: more than the A100's 40 MB L2
+    small = run("explain", "rmsnorm", "--arch", "sm_80", "--shape", "64x4096")
+    assert "it fits the 40 MB L2 of sm_80" in small.output
 
 
 def test_user_errors_exit_2_with_a_message():
