@@ -8,6 +8,7 @@ Templates only place what these hold; they decide and compute nothing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -117,8 +118,15 @@ class ProjectContext:
 
 def _environment() -> jinja2.Environment:
     roots = [data_dir("codegen_templates")] + [Path(f.template_root) for f in families() if f.template_root]
+    return _environment_for(tuple(str(r) for r in dict.fromkeys(roots)))
+
+
+@functools.cache
+def _environment_for(roots: tuple[str, ...]) -> jinja2.Environment:
+    """One environment per set of template folders: its templates are parsed once per process (and reloaded
+    when their files change)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(r) for r in dict.fromkeys(roots)]),
+        loader=jinja2.FileSystemLoader(list(roots)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=False,
