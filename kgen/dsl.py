@@ -253,6 +253,9 @@ class Structure(_Model):
         frozenset()
     )  # identifiers its templates declare beside the spec's names
 
+    def convention(self, name: str) -> Convention:
+        return next(c for c in self.conventions if c.name == name)
+
     def names(self) -> list[str]:
         """Names the structure introduces beside the spec's tensors and params (a reduction's statistics,
         ...)."""

@@ -24,8 +24,9 @@ def kernel_name(op: str, arch: str) -> str:
     return f"{op}-{arch}".replace("_", "-").replace("sm-", "sm")
 
 
-def python_name(op: str, arch: str) -> str:
-    return kernel_name(op, arch).replace("-", "_")
+def python_name(kernel_name: str) -> str:
+    """The Python package of a project: its Hub name with underscores, e.g. rmsnorm_sm90."""
+    return kernel_name.replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Target:
 
     @property
     def python_name(self) -> str:
-        return python_name(self.op, self.arch)
+        return python_name(self.kernel_name)
 
 
 def resolve_target(op: str, arch: str, dtypes: list[str] | tuple[str, ...] | None = None) -> Target:
@@ -95,7 +96,7 @@ class MultiTarget:
 
     @property
     def python_name(self) -> str:
-        return self.kernel_name.replace("-", "_")
+        return python_name(self.kernel_name)
 
 
 def resolve_multi_target(

@@ -23,7 +23,7 @@ from .errors import BuildError
 from .families import families, family_of
 from .families.base import Case, KernelPlan
 from .profile import ArchProfile
-from .project import kernel_name
+from .project import kernel_name, python_name
 
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 ATEN = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16"}
@@ -244,7 +244,7 @@ def project_context(
         spec_hash=spec_hash,
         banner=banner,
         kernel_name=name or kernel_name(op, profile.name),
-        python_name=(name or kernel_name(op, profile.name)).replace("-", "_"),
+        python_name=python_name(name or kernel_name(op, profile.name)),
         lead=spec.lead,
         tensors=spec.tensors,
         inputs=spec.inputs,

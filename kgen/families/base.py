@@ -78,7 +78,6 @@ class KernelPlan:
     op: str
     arch: str
     dtype: str
-    family: str
     elem_bytes: int
     vector_elems: int  # elements per access on the vector path (the profile's widest access)
     scalar_elems: int  # elements per access on the scalar path
@@ -137,9 +136,8 @@ class FamilyContext:
 
     conventions: list[ConventionCode]
     templates: Templates
-    fake_outputs: list[
-        str
-    ]  # per output, the Python expression of an empty tensor like it (the fake kernel's)
+    # per output, the Python expression of an empty tensor like it (the fake kernel's)
+    fake_outputs: list[str]
 
 
 class Family:
@@ -205,7 +203,7 @@ class Family:
     ) -> bool:
         return 64 <= threads <= profile.max_threads_per_block
 
-    # -- helpers for subclasses ------------------------------------------------------------------------------
+    # -- the profile's table (read when a profile loads, and by the plan) ---------------------
     def check_facts(self, profile: ArchProfile) -> BaseModel | None:
         """This family's table of the profile, validated (pydantic raises naming the field)."""
         return None if self.facts is None else self.facts.model_validate(profile.family_facts(self.name))
@@ -277,15 +275,9 @@ class RowsFamily(Family):
         """The symbols of the spec's expressions bound to float64 tensors: each input's element (broadcast to
         the outputs' shape; a packed input's halves; an absent optional input's value), each param, hidden and
         inv_hidden; and the outputs' shape."""
-        import torch
-
         lead = inputs[spec.inputs.index(spec.lead)]
         shape = (*lead.shape[:-1], lead.shape[-1] // 2) if spec.lead.packed else tuple(lead.shape)
-        values = {p.name: v for p, v in zip(spec.params, params)}
-        values |= {
-            "hidden": float(shape[-1]),
-            "inv_hidden": float(torch.tensor(1 / shape[-1], dtype=torch.float32)),
-        }
+        values = scalar_values(spec, params, shape[-1])
         for t, v in zip(spec.inputs, inputs):
             if v is None:
                 values[t.name] = float(t.absent_value)
@@ -308,6 +300,16 @@ class RowsFamily(Family):
                 params.append(f"int64_t {t.name}_{stride}_stride")
                 args.append(f"args.{t.name}_{stride}_stride")
         return ", ".join(params), ", ".join(args)
+
+
+def scalar_values(spec: OpSpec, params: list, hidden: int) -> dict:
+    """The scalar symbols of the spec's expressions: each param, hidden and inv_hidden (1/hidden in fp32)."""
+    import torch
+
+    return {p.name: v for p, v in zip(spec.params, params)} | {
+        "hidden": float(hidden),
+        "inv_hidden": float(torch.tensor(1 / hidden, dtype=torch.float32)),
+    }
 
 
 def io_rounding(dtype):

@@ -115,11 +115,11 @@ class ElementwiseFamily(RowsFamily):
             "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
             "block_threads": reasons["threads_per_row"],
         }
-        return KernelPlan(spec.name, profile.name, dtype, self.name, elem, vector, 1, threads, buckets, notes)
+        return KernelPlan(spec.name, profile.name, dtype, elem, vector, 1, threads, buckets, notes)
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
         values, shape = self.values(spec, inputs, params)
-        outputs = next(c for c in spec.structure.conventions if c.name == convention).outputs
+        outputs = spec.structure.convention(convention).outputs
         io = io_rounding(inputs[0].dtype)
         return tuple(evaluate(outputs[t.name], values, io).expand(shape) for t in spec.outputs)
 

@@ -29,6 +29,7 @@ from .base import (
     io_rounding,
     min_bytes,
     printed_names,
+    scalar_values,
     vector_notes,
 )
 
@@ -220,7 +221,6 @@ class RotaryFamily(Family):
             spec.name,
             profile.name,
             dtype,
-            self.name,
             elem,
             vector,
             scalar,
@@ -267,15 +267,11 @@ class RotaryFamily(Family):
         import torch
 
         structure = spec.structure
-        conv = next(c for c in structure.conventions if c.name == convention)
+        conv = structure.convention(convention)
         given = dict(zip((t.name for t in spec.inputs), inputs))
-        values = {p.name: v for p, v in zip(spec.params, params)}
         lead = given[structure.rotates[0]]
         hidden = lead.shape[-1]
-        values |= {
-            "hidden": float(hidden),
-            "inv_hidden": float(torch.tensor(1 / hidden, dtype=torch.float32)),
-        }
+        values = scalar_values(spec, params, hidden)
         if structure.tables:
             cos, sin = (given[n].double() for n in structure.tables)
             if lead.dim() == 4 and cos.dim() == 3:  # [B or 1, T, D] beside [B, H, T, D]

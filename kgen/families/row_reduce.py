@@ -288,7 +288,6 @@ class RowReduceFamily(RowsFamily):
             spec.name,
             profile.name,
             dtype,
-            self.name,
             elem,
             vector,
             1,
@@ -490,7 +489,7 @@ class RowReduceFamily(RowsFamily):
         """The prologue's values rounded to the I/O dtype (kept on chip in it), each reduction summed over the
         row in turn, then the epilogue."""
         structure, io = spec.structure, io_rounding(inputs[0].dtype)
-        conv = next(c for c in structure.conventions if c.name == convention)
+        conv = structure.convention(convention)
         values, shape = self.values(spec, inputs, params)
         for name, expr in (structure.prologue | conv.prologue).items():
             values[name] = io(evaluate(expr, values, io).expand(shape))

@@ -74,7 +74,6 @@ class RowScaleFamily(Family):
             spec.name,
             profile.name,
             dtype,
-            self.name,
             DTYPE_BYTES[dtype],
             1,
             1,
