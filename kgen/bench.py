@@ -6,7 +6,12 @@ implementation in turn) is repeated `rounds` times and each figure is the median
 With `graphs`, each implementation is captured once in a CUDA graph and the replay is timed, which
 takes host overhead out of small shapes. Effective bandwidth = minimum bytes (each input read once,
 each output written once) / median time, next to what the same run measured: a 4 GiB-traffic copy
-(the ceiling), a copy of the shape's own traffic and an empty launch."""
+(the ceiling), a copy of the shape's own traffic and an empty launch.
+
+With `backward`, each implementation runs under autograd: its backward alone (`torch.autograd.grad` on a
+retained graph, so the autograd engine's own overhead is in every figure alike) and its forward + backward;
+the minimum bytes are the backward's (the inputs and the outputs' gradients read, the inputs' gradients
+written)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .bench_report import MB, implementations, markdown, missed, plot, us
 from .catalog import load_spec, suite, suite_table
 from .dsl import OpSpec, Tensor
 from .errors import UsageError
@@ -27,14 +33,21 @@ from .families.base import Case
 
 LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
-MB = 1e6
 
 
-def bars(row: dict, empty_us: float, compiled: str | None, vs_compile: float | None) -> dict[str, bool]:
-    """The speed-of-light bars (BENCHMARKS.md, "The bars") that apply to one measured shape."""
+def bars(
+    row: dict, empty_us: float, compiled: str | None, vs_compile: float | None, backward: bool = False
+) -> dict[str, bool]:
+    """The speed-of-light bars (BENCHMARKS.md, "The bars") that apply to one measured shape. A backward's: at
+    most the best peer, and 85 % of a same-size copy from 32 MB (its small shapes carry the autograd engine's
+    overhead, as every peer's do)."""
     kgen, out = row["times_us"]["kgen"], {}
     if row["best_peer_over_kgen"] is not None:
         out["<= best peer"] = row["best_peer_over_kgen"] >= 1
+    if backward:
+        if row["min_bytes"] >= 32 * MB:
+            out[">= 85 % of same-size copy"] = row["kgen_pct_same_copy"] >= 85
+        return out
     if row["min_bytes"] >= 256 * MB:
         out[">= 90 % of 4 GiB copy"] = row["kgen_pct_large_copy"] >= 90
     elif row["min_bytes"] >= 32 * MB:
@@ -44,6 +57,11 @@ def bars(row: dict, empty_us: float, compiled: str | None, vs_compile: float | N
     if vs_compile and compiled:
         out[f"<= {vs_compile:g}x torch.compile"] = kgen <= vs_compile * row["times_us"][compiled]
     return out
+
+
+def has_backward(op: str) -> bool:
+    spec = load_spec(op)
+    return family_of(spec).backward(spec) is not None
 
 
 def tensor_shape(
@@ -133,6 +151,7 @@ def run_bench(
     dtype: str = "bfloat16",
     rounds: int = 3,
     graphs: bool = False,
+    backward: bool = False,
 ) -> dict:
     import torch
 
@@ -141,6 +160,10 @@ def run_bench(
     if not torch.cuda.is_available():
         raise UsageError("kgen bench needs a CUDA device")
     spec = load_spec(op)
+    if backward and graphs:
+        raise UsageError("--backward times autograd, which CUDA-graph replays leave out: drop --graphs")
+    if backward and not has_backward(op):
+        raise UsageError(f"{op} has no backward kernels yet (kgen derives them for elementwise ops)")
     arch = device_arch()
     console.print(f"building {op} for {arch} ...")
     kernel = getattr(load(build_op(op, arch, build_root)), op)
@@ -165,11 +188,15 @@ def run_bench(
     for case in cases:
         params = case.param_values(spec)
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
+        if backward:
+            inputs = [t.requires_grad_() for t in inputs]
         outputs = kernel(*inputs, *params)
-        # each input read once, each output written once
+        # each input read once, each output written once; backward: the inputs and the outputs' gradients
+        # read, the inputs' gradients written
         min_bytes = sum(
             t.numel() * t.element_size()
             for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])]
+            + (inputs if backward else [])
         )
         del outputs
         same_copy = timer.copy_us(min_bytes)
@@ -189,9 +216,22 @@ def run_bench(
             torch._dynamo.reset()
             compiled = torch.compile(next(iter(spec.peers.values())), dynamic=False)
             fns[compiled_name] = lambda: compiled(*inputs, *params)
-        per_round = timer.rounds_us(fns, rounds)
+        both = {}
+        if backward:
+            calls = {"kgen": lambda *a: kernel(*a, *params)}
+            calls |= {name: lambda *a, fn=peers[name]: fn(*a, *params) for name in fns if name in peers}
+            if compiled_name:
+                calls[compiled_name] = lambda *a: compiled(*a, *params)
+            fns, both = autograd_timings(
+                torch,
+                calls,
+                inputs,
+                lambda name, err: console.print(f"skipping {name!r} (backward failed: {err})"),
+            )
+        per_round = timer.rounds_us(fns | {f"{name} fwd+bwd": fn for name, fn in both.items()}, rounds)
         timer.captured.clear()
-        times = {name: statistics.median(t) for name, t in per_round.items()}
+        medians = {name: statistics.median(t) for name, t in per_round.items()}
+        times = {name: medians[name] for name in fns}
         best_peer = min(t for name, t in times.items() if name != "kgen") if len(times) > 1 else None
         row = {
             "shape": list(case.shape),
@@ -205,7 +245,13 @@ def run_bench(
             "kgen_pct_same_copy": 100 * same_copy / times["kgen"],
             "best_peer_over_kgen": best_peer / times["kgen"] if best_peer else None,
         }
-        row["bars"] = bars(row, empty, compiled_name, vs_compile)
+        if backward:
+            row["fwd_bwd_us"] = {name: medians[f"{name} fwd+bwd"] for name in both}
+            peers_both = [t for name, t in row["fwd_bwd_us"].items() if name != "kgen"]
+            row["fwd_bwd_best_peer_over_kgen"] = (
+                min(peers_both) / row["fwd_bwd_us"]["kgen"] if peers_both else None
+            )
+        row["bars"] = bars(row, empty, compiled_name, vs_compile, backward)
         rows_out.append(row)
     result = {
         "op": op,
@@ -218,18 +264,22 @@ def run_bench(
         "repeats": repeats,
         "rounds": rounds,
         "mode": "graphs" if graphs else "events",
+        "direction": "backward" if backward else "forward",
         "large_copy_us": large_copy,
         "large_copy_gbs": ceiling,
         "empty_launch_us": empty,
         "rows": rows_out,
     }
     out.mkdir(parents=True, exist_ok=True)
-    stem = op + ("-graphs" if graphs else "")
+    stem = op + ("-graphs" if graphs else "") + ("-backward" if backward else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"{stem}.md").write_text(markdown(result))
     plot(result, out / f"{stem}.png")
-    table = Table(title=f"{op} {dtype} on {result['device']} (median µs, {result['mode']})")
-    names = list(rows_out[0]["times_us"])
+    table = Table(
+        title=f"{op} {dtype} on {result['device']} (median µs, {result['mode']}"
+        + (", backward alone; fwd+bwd in the .md)" if backward else ")")
+    )
+    names = implementations(rows_out)
     for col in [
         "shape",
         "MB",
@@ -245,114 +295,40 @@ def run_bench(
         table.add_row(
             r["label"],
             f"{r['min_bytes'] / MB:.1f}",
-            *[f"{r['times_us'][n]:.1f}" for n in names],
+            *[us(r["times_us"], n) for n in names],
             f"{r['kgen_gbs']:.0f}",
             f"{r['kgen_pct_large_copy']:.0f}",
             f"{r['kgen_pct_same_copy']:.0f}",
             f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-",
-            _missed(r),
+            missed(r),
         )
     console.print(table)
     return result
 
 
-def _missed(row: dict) -> str:
-    return "; ".join(name for name, ok in row.get("bars", {}).items() if not ok) or "none"
-
-
-def summary(results: list[dict]) -> str:
-    """One line per op and shape over every op benchmarked: what `kgen bench --all` writes."""
-    lines = [
-        "| op | shape | MB moved | kgen µs | best peer µs | best peer / kgen | % of 4 GiB copy "
-        "| % of same-size copy | bars missed |",
-        "|---" * 9 + "|",
-    ]
-    met = total = 0
-    for result in results:
-        for r in result["rows"]:
-            peers = {n: t for n, t in r["times_us"].items() if n != "kgen"}
-            best = min(peers, key=peers.get) if peers else None
-            met += all(r["bars"].values())
-            total += 1
-            lines.append(
-                f"| {result['op']} | {r['label']} | {r['min_bytes'] / MB:.1f} | {r['times_us']['kgen']:.1f} "
-                f"| "
-                + (f"{peers[best]:.1f} ({best})" if best else "-")
-                + f" | {r['best_peer_over_kgen'] or 0:.2f} | {r['kgen_pct_large_copy']:.0f} | "
-                f"{r['kgen_pct_same_copy']:.0f} | {_missed(r)} |"
-            )
-    first = results[0]
-    head = (
-        f"{first['dtype']}, {first['device']} ({first['arch']}), torch {first['torch']}, {first['date']}, "
-        f"{first['mode']}; median of {first['rounds']} rounds of {first['repeats']} runs. "
-        f"Every bar met at {met} of {total} shapes."
-    )
-    return head + "\n\n" + "\n".join(lines) + "\n"
-
-
-def plot(result: dict, path: Path) -> None:
-    """Effective GB/s against bytes moved, one line per implementation, with the same-size copies
-    and the 4 GiB-copy ceiling measured in the same run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = sorted(result["rows"], key=lambda r: r["min_bytes"])
-    mb = [r["min_bytes"] / 1e6 for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for name in rows[0]["times_us"]:
-        # markers only: shapes of different hidden sizes can move the same bytes
-        ax.plot(
-            mb,
-            [r["min_bytes"] / r["times_us"][name] / 1e3 for r in rows],
-            linestyle="none",
-            label=name,
-            marker="o" if name == "kgen" else "x",
-            markersize=8 if name == "kgen" else 6,
+def autograd_timings(torch, fns: dict, inputs: list, skip) -> tuple[dict, dict]:
+    """Each forward callable (called with the inputs) as two: its backward alone (autograd.grad on a graph
+    recorded once and retained) and its forward + backward. Each implementation gets its own copy of the
+    inputs (Liger's backward writes its gradients into the saved inputs) and fresh random output gradients.
+    One whose backward fails is left out, with ``skip(name, error)``."""
+    alone, both = {}, {}
+    for name, fn in fns.items():
+        own = [
+            t.detach().clone().requires_grad_() if t is not None and t.requires_grad else t for t in inputs
+        ]
+        leaves = [t for t in own if t is not None and t.requires_grad]
+        try:
+            outs = fn(*own)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            grads = [torch.randn_like(o) for o in outs]
+            torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+        except (RuntimeError, ValueError, TypeError) as err:
+            skip(name, err)
+            continue
+        alone[name] = lambda outs=outs, leaves=leaves, grads=grads: torch.autograd.grad(
+            outs, leaves, grads, retain_graph=True
         )
-    ax.plot(
-        mb, [r["min_bytes"] / r["copy_same_us"] / 1e3 for r in rows], "k--", label="copy_ of the same bytes"
-    )
-    ax.axhline(
-        result["large_copy_gbs"],
-        color="gray",
-        linestyle=":",
-        label=f"4 GiB copy_: {result['large_copy_gbs']:.0f} GB/s",
-    )
-    ax.set(
-        xscale="log",
-        xlabel="minimum bytes moved (MB)",
-        ylabel="effective bandwidth (GB/s)",
-        title=f"{result['op']} {result['dtype']} on {result['device']}, torch {result['torch']}, "
-        f"{result['date']}",
-    )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
-def markdown(result: dict) -> str:
-    names = list(result["rows"][0]["times_us"])
-    lines = [
-        f"{result['op']}, {result['dtype']}, {result['device']} ({result['arch']}), torch {result['torch']}, "
-        f"{result['date']}; {result.get('mode', 'events')}, median of {result.get('rounds', 1)} rounds of "
-        f"{result['repeats']} runs, L2 flushed; 4 GiB-traffic copy: {result['large_copy_us']:.0f} µs = "
-        f"{result['large_copy_gbs']:.0f} GB/s; empty launch {result.get('empty_launch_us', 0):.1f} µs.",
-        "",
-        "| shape | MB moved | "
-        + " | ".join(f"{n} µs" for n in names)
-        + " | kgen GB/s | % of 4 GiB copy | % of same-size copy | best peer / kgen | bars missed |",
-        "|---" * (len(names) + 7) + "|",
-    ]
-    for r in result["rows"]:
-        ratio = f"{r['best_peer_over_kgen']:.2f}" if r["best_peer_over_kgen"] else "-"
-        lines.append(
-            f"| {r['label']} | {r['min_bytes'] / MB:.1f} | "
-            + " | ".join(f"{r['times_us'][n]:.1f}" for n in names)
-            + f" | {r['kgen_gbs']:.0f} | {r['kgen_pct_large_copy']:.0f} | {r['kgen_pct_same_copy']:.0f} | "
-            f"{ratio} "
-            f"| {_missed(r)} |"
+        both[name] = lambda fn=fn, own=own, leaves=leaves, grads=grads: torch.autograd.grad(
+            fn(*own), leaves, grads
         )
-    return "\n".join(lines) + "\n"
+    return alone, both

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import tomllib
+
 from .catalog import arch_names, load_profile
 from .errors import BuildError
+from .families import family_of
 from .planner import plan_kernel
 from .profile import ArchProfile
 from .project import MultiTarget, Target, resolve_target, write_tree
@@ -107,6 +110,17 @@ def compile_kernel(
     return _run([nvcc, *NVCC_FLAGS, *gencode(profile), "-c", str(src), "-o", str(obj)], f"nvcc {src.name}")
 
 
+def kernel_sources(project: Path) -> dict[str, list[str]]:
+    """The kernels of a written project, as its build.toml lists them: compute capability -> its .cu files
+    (the op's, then its backward's)."""
+    sections = tomllib.loads((project / "build.toml").read_text())["kernel"].values()
+    return {
+        capability: [src for src in section["src"] if src.endswith(".cu")]
+        for section in sections
+        for capability in section["cuda-capabilities"]
+    }
+
+
 def _torch_env():
     try:
         import torch
@@ -153,12 +167,20 @@ def _parts(target: Target | MultiTarget) -> tuple[Target, ...]:
 
 
 def render_target(target: Target | MultiTarget) -> dict[str, str]:
-    """The target's project files (path -> text): every arch's dtypes planned, then rendered."""
-    parts = [
-        (t.profile, [plan_kernel(t.spec, t.profile, dtype, t.tuning) for dtype in t.dtypes])
-        for t in _parts(target)
+    """The target's project files (path -> text): the op and its backward (where its family derives one),
+    every arch's dtypes planned for each, then rendered."""
+    backward = family_of(target.spec).backward(target.spec)
+    units = [
+        (
+            spec,
+            [
+                (t.profile, [plan_kernel(spec, t.profile, dtype, t.tuning) for dtype in t.dtypes])
+                for t in _parts(target)
+            ],
+        )
+        for spec in [target.spec] + ([backward] if backward else [])
     ]
-    return render_project(target.spec, parts, target.spec_hash, target.kernel_name)
+    return render_project(units, target.spec_hash, target.kernel_name)
 
 
 def write_project(target: Target | MultiTarget, out_root: Path) -> Path:
@@ -174,8 +196,8 @@ def build_project(
     """Compiles and links the target's project into project/build/<variant>/ (replaced atomically): each
     arch's kernels for its own target (and its PTX, for newer devices), the binding once."""
     op, python_name, kernel_name, parts = target.op, target.python_name, target.kernel_name, _parts(target)
-    several = len(parts) > 1
-    sources = [(t.profile, f"{op}_cuda/{op}_{t.arch}.cu" if several else None) for t in parts]
+    listed = kernel_sources(project)
+    sources = [(t.profile, src) for t in parts for src in listed[t.profile.compute_capability]]
     torch, torch_root = _torch_env()
     nvcc = find_nvcc()
     home = cuda_home(nvcc)
@@ -219,8 +241,8 @@ def build_project(
         ]
         archs = ", ".join(t.arch for t in parts)
         step(f"compiling {op}'s kernels for {archs} and the torch binding (torch {torch.__version__})")
-        objects = [tmp / f"{op}_{i}.o" for i in range(len(parts))]
-        with ThreadPoolExecutor(max_workers=max(2, min(len(parts) + 1, os.cpu_count() or 2))) as pool:
+        objects = [tmp / f"{op}_{i}.o" for i in range(len(sources))]
+        with ThreadPoolExecutor(max_workers=max(2, min(len(sources) + 1, os.cpu_count() or 2))) as pool:
             kernels = [
                 pool.submit(compile_kernel, project, op, profile, obj, nvcc, source)
                 for (profile, source), obj in zip(sources, objects)

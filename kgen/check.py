@@ -1,7 +1,8 @@
 """`kgen check`: a spec's math against its reference, on the CPU. Each convention's sympy expressions are
 evaluated by the spec's family (float64, the convention's roundings to the I/O dtype included) on fresh
 random inputs at the family's example shapes, in float32 and bfloat16, and compared with the float64
-reference: a spec whose math and reference disagree fails here, before any kernel is built."""
+reference: a spec whose math and reference disagree fails here, before any kernel is built. Where the family
+derives the op's backward, its derived math is checked the same way against autograd of the reference."""
 
 from __future__ import annotations
 
@@ -31,13 +32,20 @@ class Result:
 
 
 def check(op: str, seed: int = 0) -> list[Result]:
-    """One result per convention and dtype."""
+    """One result per convention and dtype, for the op and then its backward."""
     import torch
 
     spec = load_spec(op)
+    backward = family_of(spec).backward(spec)
+    generator = torch.Generator().manual_seed(seed)
+    return [r for s in [spec] + ([backward] if backward else []) for r in _check_spec(s, generator)]
+
+
+def _check_spec(spec, generator) -> list[Result]:
+    import torch
+
     family = family_of(spec)
     takes_convention = "convention" in inspect.signature(spec.reference).parameters
-    generator = torch.Generator().manual_seed(seed)
     results = []
     for convention in (c.name for c in spec.structure.conventions):
         for dtype, tolerance in TOLERANCE.items():
@@ -62,5 +70,5 @@ def check(op: str, seed: int = 0) -> list[Result]:
                     )
                     if ratio.numel() and ratio.max().item() > worst:
                         worst, where = ratio.max().item(), f"{case.label}, {tensor.name}"
-            results.append(Result(op, convention, dtype, len(cases), worst, where))
+            results.append(Result(spec.name, convention, dtype, len(cases), worst, where))
     return results

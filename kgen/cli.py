@@ -357,10 +357,15 @@ def bench(
             "--e2e", help="ltx or qwen3: the whole model, eager and compiled, with and without kgen"
         ),
     ] = None,
+    backward: Annotated[
+        bool,
+        typer.Option("--backward", help="time the backward alone and forward + backward under autograd"),
+    ] = False,
 ) -> None:
     """Time the kgen kernel against the op's peers (eager, PyTorch's fused op, Liger) and torch.compile on
     this GPU."""
-    from .bench import run_bench, summary
+    from .bench import has_backward, run_bench
+    from .bench_report import summary
 
     if e2e is not None:
         from .integrations.e2e import run_e2e, write
@@ -373,7 +378,7 @@ def bench(
         return
     if (op is None) == (not all_ops):
         raise UsageError("name one op, pass --all, or --e2e ltx|qwen3")
-    ops = op_names() if all_ops else [op]
+    ops = [n for n in op_names() if not backward or has_backward(n)] if all_ops else [op]
     for i, name in enumerate(ops, 1):
         if all_ops:
             console.rule(f"{name} ({i}/{len(ops)})")
@@ -386,8 +391,9 @@ def bench(
             dtype=_dtype(dtype),
             rounds=rounds,
             graphs=graphs,
+            backward=backward,
         )
-    suffix = "-graphs" if graphs else ""
+    suffix = ("-graphs" if graphs else "") + ("-backward" if backward else "")
     results = [
         json.loads(p.read_text()) for p in (out / f"{n}{suffix}.json" for n in op_names()) if p.is_file()
     ]
@@ -437,7 +443,7 @@ def plot(
     ] = Path("bench/results"),
 ) -> None:
     """Redraw <op>.png (GB/s against bytes moved, with the copy ceilings) from a `kgen bench` JSON."""
-    from .bench import plot as draw
+    from .bench_report import plot as draw
 
     source = results / f"{op}.json"
     if not source.is_file():

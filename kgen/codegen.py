@@ -46,6 +46,9 @@ class CudaPrinter(C99CodePrinter):
             text = f"({self._print(cond)} ? {self._print(value)} : {text})"
         return text
 
+    def _print_sigmoid(self, expr):
+        return f"(1.0F / (1.0F + expf(-({self._print(expr.args[0])}))))"
+
     def _print_to_io_dtype(self, expr):
         return f"round_to_io<T>({self._print(expr.args[0])})"
 
@@ -117,6 +120,7 @@ def evaluate(expr: sp.Expr, values: dict, round_io):
             "re": lambda v: v,
             "UnevaluatedExpr": lambda v: v,
             "to_io_dtype": round_io,
+            "sigmoid": torch.sigmoid,
             "Not": torch.logical_not,
         }
         if name in unary:

@@ -138,6 +138,17 @@ GENERATED_SUFFIXES = (
 )
 
 
+class sigmoid(sp.Function):
+    """The logistic function 1 / (1 + exp(-u)), with its derivative s·(1 - s): the form a gradient stays
+    finite in (the derivative of 1 / (1 + exp(-u)) written with exp overflows to inf / inf for u < -88 in
+    fp32)."""
+
+    nargs = 1
+
+    def fdiff(self, argindex=1):
+        return self * (1 - self)
+
+
 class to_io_dtype(sp.Function):
     """Round an fp32 value to the op's I/O dtype and back: an intermediate rounding
     that a library performs (e.g. transformers casts before the weight multiply)."""
@@ -187,8 +198,8 @@ class Tensor(_Model):
                 f"tensor {self.name!r} (dims {self.dims!r}): 'halves' names the two halves of a "
                 "'*rows 2*hidden' input, and such an input needs them"
             )
-        if self.packed and (self.role == "output" or self.optional):
-            raise ValueError(f"packed tensor {self.name!r} must be a required input")
+        if self.packed and self.optional:
+            raise ValueError(f"packed tensor {self.name!r} cannot be optional")
         if self.broadcast and (self.dims != "*rows hidden" or self.role == "output"):
             raise ValueError(f"tensor {self.name!r}: only a '*rows hidden' input can broadcast")
         if self.dtype != "io" and self.role == "output":
@@ -321,6 +332,7 @@ class OpSpec(_Model):
                 )
         halves = [h for t in self.tensors if t.halves for h in t.halves]
         outputs = {t.name for t in self.outputs}
+        values = set(self.output_values)
         names = [t.name for t in self.tensors] + [p.name for p in self.params] + halves
         names += [n for n in structure.names() if n not in outputs]  # a structure's value may be written out
         dupes = {n for n in names if names.count(n) > 1}
@@ -347,8 +359,10 @@ class OpSpec(_Model):
         flags = [t.optional for t in self.inputs]
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
-        if not outputs or any(t.dims != "*rows hidden" for t in self.outputs):
-            raise ValueError("an op needs '*rows hidden' outputs only, and at least one")
+        if not outputs or any(t.dims not in ("*rows hidden", "*rows 2*hidden") for t in self.outputs):
+            raise ValueError(
+                "an op needs '*rows hidden' (or packed '*rows 2*hidden') outputs only, and at least one"
+            )
         self._check_reference()
         symbols = structure.check(self) | {p.name for p in self.params} | BUILTIN_SYMBOLS
         seen = set()
@@ -356,10 +370,10 @@ class OpSpec(_Model):
             if conv.name in seen:
                 raise ValueError(f"structure.conventions.{i}.name: {conv.name!r} is repeated")
             seen.add(conv.name)
-            if set(conv.outputs) != outputs:
+            if set(conv.outputs) != values:
                 raise ValueError(
                     f"structure.conventions.{i}.outputs: expected one expression for each of "
-                    f"{sorted(outputs)}, got {sorted(conv.outputs)}"
+                    f"{sorted(values)} (a packed output's halves), got {sorted(conv.outputs)}"
                 )
             for out, expr in conv.outputs.items():
                 check_symbols(expr, symbols, f"structure.conventions.{i}.outputs.{out}")
@@ -368,7 +382,10 @@ class OpSpec(_Model):
             for t in self.row_inputs
             if t.dims == "*rows hidden" and t.dtype == "io" and not (t.broadcast or t.optional)
         }
-        if not set(self.inplace) <= outputs or not set(self.inplace.values()) <= overwritable:
+        if (
+            not set(self.inplace) <= {t.name for t in self.outputs if not t.packed}
+            or not set(self.inplace.values()) <= overwritable
+        ):
             raise ValueError(
                 f"inplace: maps outputs {sorted(outputs)} to the inputs they overwrite, required "
                 f"'*rows hidden' inputs of the same shape {sorted(overwritable)}; got {self.inplace}"
@@ -449,6 +466,11 @@ class OpSpec(_Model):
         return [t for t in self.tensors if t.role == "output"]
 
     @property
+    def output_values(self) -> list[str]:
+        """What the conventions assign: each output, or a packed output's two halves."""
+        return [v for t in self.outputs for v in (t.halves or (t.name,))]
+
+    @property
     def row_inputs(self) -> list[Tensor]:
         """The inputs with leading dims ('*rows ...'), the lead first."""
         return [t for t in self.inputs if t.per_row]
@@ -526,4 +548,4 @@ _NODES = (
     sp.logic.boolalg.BooleanAtom,
     sp.functions.elementary.piecewise.ExprCondPair,
 )  # and these:
-SUPPORTED_FUNCTIONS = set("to_io_dtype exp log tanh erf sqrt Abs Max Min Piecewise floor re".split())
+SUPPORTED_FUNCTIONS = set("to_io_dtype sigmoid exp log tanh erf sqrt Abs Max Min Piecewise floor re".split())

@@ -45,7 +45,7 @@ def test_a_family_from_outside_kgen_plans_and_renders(plugged):
     )
     files = render_target(resolve_target("scale_rows", "sm_90"))
     kernel = files["scale_rows_cuda/scale_rows.cu"]
-    assert "scale_rows_fwd_kernel" in kernel and "out_out = s*x;" in kernel
+    assert "scale_rows_kernel" in kernel and "out_out = s*x;" in kernel
     assert "s must have x's leading dims" in files["torch-ext/scale_rows_sm90/__init__.py"]
     assert "`s` holds one value per row" in files["CARD.md"]
     assert "'s': (2, 5)" in files["tests/test_scale_rows.py"]  # the family's shapes reach the generated test

@@ -111,7 +111,10 @@ CASES = [
     ),
     (
         {"conventions": '[Convention(name="plain", matches="-", outputs={"y": x})]'},
-        ["structure.conventions.0.outputs: expected one expression for each of ['out'], got ['y']"],
+        [
+            "structure.conventions.0.outputs: expected one expression for each of ['out'] (a packed output's "
+            "halves), got ['y']"
+        ],
     ),
     (
         {"ref_body": "return sp.Abs(x) * torch.ones(1)"},
@@ -500,7 +503,7 @@ def test_generated_declarations_cannot_take_a_spec_name(op):
         | set(spec.structure.names())
     )
     binding = re.sub(
-        r"\[[^\]]*\]\([^)]*\)", "", bodies(files["torch-ext/torch_binding.cpp"], rf"\b{op}_forward\(")
+        r"\[[^\]]*\]\([^)]*\)", "", bodies(files["torch-ext/torch_binding.cpp"], rf"\brun_{op}\(")
     )
     while re.search(
         r"\{[^{}]*\}", binding

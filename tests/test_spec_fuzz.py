@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kgen.builder import compile_kernel, render_target, write_project
+from kgen.builder import compile_kernel, kernel_sources, render_target, write_project
 from kgen.catalog import load_profile, load_spec
 from kgen.dsl import Convention, Layer, OpSpec, Param, Tensor, to_io_dtype
 from kgen.errors import KgenError
@@ -620,12 +620,14 @@ def test_every_text_field_refuses_hostile_text():
 @settings(max_examples=3, **FUZZ)
 @given(plan=plans(nasty=False), text=st.sampled_from(ACCEPTABLE))
 def test_valid_specs_compile(ops_dir, tmp_path_factory, plan, text):
-    """nvcc compiles the kernel of a valid spec (bf16), nasty but accepted text in every field."""
+    """nvcc compiles the kernels of a valid spec (bf16; its derived backward's too), nasty but accepted
+    text in every field."""
     plan.set_text(text)
     spec, out = plan.build(), tmp_path_factory.mktemp("fuzz_build")
     with installed(spec, ops_dir, dtypes=("bfloat16",)) as target:
         project = write_project(target, out)
-    compile_kernel(project, spec.name, load_profile("sm_90"), out / "kernel.o")  # KgenError if nvcc fails
+    for i, source in enumerate(kernel_sources(project)["9.0"]):  # KgenError if nvcc fails
+        compile_kernel(project, spec.name, load_profile("sm_90"), out / f"kernel{i}.o", source=source)
 
 
 @settings(max_examples=60, deadline=None, database=None)

@@ -15,6 +15,7 @@ import torch
 from kgen.builder import (
     build_project,
     compile_kernel,
+    kernel_sources,
     load,
     ops_name,
     parse_ptxas,
@@ -45,16 +46,25 @@ ptxas info    : Used 40 registers, used 1 barriers, 16 bytes cumulative stack si
 
 def test_every_kernel_compiles_without_spills_or_local_memory(tmp_path):
     def compile_one(target):
-        project = write_project(target, tmp_path)
-        log = compile_kernel(
-            project, target.op, load_profile(target.arch), tmp_path / f"{target.kernel_name}.o"
-        )
-        assert "warning" not in log.lower(), f"{target.kernel_name}: nvcc warnings\n{log[:2000]}"
-        return target, parse_ptxas(log)
+        """The op's kernels, then its backward's where it has one: (target, [ptxas entries of each .cu])."""
+        project, profile = write_project(target, tmp_path), load_profile(target.arch)
+        logs = [
+            compile_kernel(
+                project, target.op, profile, tmp_path / f"{target.kernel_name}_{i}.o", source=source
+            )
+            for i, source in enumerate(kernel_sources(project)[profile.compute_capability])
+        ]
+        for log in logs:
+            assert "warning" not in log.lower(), f"{target.kernel_name}: nvcc warnings\n{log[:2000]}"
+        return target, [parse_ptxas(log) for log in logs]
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(compile_one, TARGETS))
-    for target, entries in results:
+    for target, (entries, *backward) in results:
+        for more in backward:  # a derived backward: elementwise, no spills either
+            assert not [e for e in more if e.stack_frame or e.spill_stores or e.spill_loads], (
+                target.kernel_name
+            )
         # one kernel per (dtype, convention, configuration) that the launcher can pick: row_reduce
         # has >= 10 configurations, elementwise 4 (two access widths × 32/64-bit indexing)
         structure = load_spec(target.op).structure

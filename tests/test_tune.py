@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 import kgen.catalog
 import kgen.cli
 import kgen.tune
-from kgen.bench import bars, summary
+from kgen.bench import bars
+from kgen.bench_report import summary
 from kgen.builder import render_target
 from kgen.catalog import load_profile, load_spec, load_tuning
 from kgen.cli import app

@@ -179,6 +179,11 @@ class Family:
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         raise NotImplementedError
 
+    def backward(self, spec: OpSpec) -> OpSpec | None:
+        """The op's backward as a spec of its own (derived from the forward's math; planned and rendered
+        like any op, into the forward's project), or None where the family derives none yet."""
+        return None
+
     def example_cases(self, spec: OpSpec) -> list[Case]:
         """The shapes of the generated project's own test: edge sizes and a few real ones."""
         raise NotImplementedError
@@ -318,11 +323,16 @@ def io_rounding(dtype):
 
 
 def rows_fake_outputs(spec: OpSpec) -> list[str]:
-    """Every output has the lead's shape (its last dim halved when the lead is packed)."""
+    """Every output has the lead's shape with hidden as its last dim (2 · hidden when the output is packed,
+    hidden half the lead's last dim when the lead is)."""
     lead = spec.lead
-    shape = (
-        f"list({lead.name}.shape[:-1]) + [{lead.name}.shape[-1] // 2]"
-        if lead.packed
-        else f"{lead.name}.shape"
-    )
-    return [f"torch.empty({shape}, dtype={lead.name}.dtype, device={lead.name}.device)"] * len(spec.outputs)
+
+    def shape(t: Tensor) -> str:
+        if t.packed == lead.packed:
+            return f"{lead.name}.shape"
+        last = f"{lead.name}.shape[-1] // 2" if lead.packed else f"2 * {lead.name}.shape[-1]"
+        return f"list({lead.name}.shape[:-1]) + [{last}]"
+
+    return [
+        f"torch.empty({shape(t)}, dtype={lead.name}.dtype, device={lead.name}.device)" for t in spec.outputs
+    ]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..autodiff import backward_reference, gradient_name, vjp
 from ..codegen import evaluate
-from ..dsl import OpSpec, Structure
+from ..dsl import Convention, OpSpec, Structure, Tensor
 from ..profile import ArchProfile, TuningTable
 from .base import (
     DTYPE_BYTES,
@@ -44,6 +45,7 @@ class Elementwise(Structure):
             "inner",
             "as_rows",
             "as_broadcast_rows",
+            "packed_shape",
             "per_row",
             "positions",
             "stride",
@@ -74,8 +76,16 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Target:
+    name: str  # the value a convention assigns: an output, or a packed output's half
+    tensor: str
+    second_half: bool
+
+
+@dataclass(frozen=True)
 class ElementwiseContext(FamilyContext):
     sources: list[Source]
+    targets: list[Target]
     source_args: str
     source_elems: str
     kernel_params: str
@@ -118,10 +128,61 @@ class ElementwiseFamily(RowsFamily):
         return KernelPlan(spec.name, profile.name, dtype, elem, vector, 1, threads, buckets, notes)
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
+        import torch
+
         values, shape = self.values(spec, inputs, params)
         outputs = spec.structure.convention(convention).outputs
         io = io_rounding(inputs[0].dtype)
-        return tuple(evaluate(outputs[t.name], values, io).expand(shape) for t in spec.outputs)
+        return tuple(
+            torch.cat([evaluate(outputs[v], values, io).expand(shape) for v in t.halves or (t.name,)], dim=-1)
+            for t in spec.outputs
+        )
+
+    def backward(self, spec: OpSpec) -> OpSpec | None:
+        """Elementwise again: each input's gradient at a position from the inputs and the outputs'
+        gradients at that position, the vector-Jacobian product of each convention's expressions
+        (kgen.autodiff). The inputs are read again, not saved twice; a packed input's gradient is packed
+        the same way. None where a derivative has no CUDA form (a function sympy cannot differentiate in
+        closed form) or a gradient's name (grad_<input>) is taken."""
+        try:
+            return self._backward(spec)
+        except ValueError:  # pydantic's ValidationError too: the derived spec is invalid
+            return None
+
+    def _backward(self, spec: OpSpec) -> OpSpec:
+
+        def grad(t: Tensor, role: str) -> Tensor:
+            return Tensor(
+                name=gradient_name(t.name),
+                dims=t.dims,
+                role=role,
+                halves=tuple(gradient_name(h) for h in t.halves) if t.halves else None,
+                doc=f"the gradient of {t.name}",
+            )
+
+        sources = [v for t in spec.row_inputs for v in (t.halves or (t.name,))]
+        return OpSpec(
+            name=f"{spec.name}_backward",
+            summary=f"the gradient of {spec.name} ({spec.summary})",
+            tensors=[
+                *spec.inputs,
+                *(grad(t, "input") for t in spec.outputs),
+                *(grad(t, "output") for t in spec.inputs),
+            ],
+            params=spec.params,
+            structure=Elementwise(
+                conventions=[
+                    Convention(
+                        name=c.name,
+                        matches=f"the gradient of {c.name} (its roundings to the dtype differentiate as the "
+                        f"identity)",
+                        outputs=vjp(c.outputs, sources),
+                    )
+                    for c in spec.structure.conventions
+                ]
+            ),
+            reference=backward_reference(spec),
+        )
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: KernelPlan, case: Case) -> LaunchPlan:
         rows, hidden = case.rows, case.shape[-1]
@@ -162,8 +223,11 @@ class ElementwiseFamily(RowsFamily):
             source_elems=", ".join(f"to_float({s.name}_in.v[j])" for s in sources),
             kernel_params=kernel_params,
             launch_args=launch_args,
-            out_args=", ".join(f"float& {t.name}_out" for t in spec.outputs),
-            out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
+            targets=[
+                Target(v, t.name, i == 1) for t in spec.outputs for i, v in enumerate(t.halves or (t.name,))
+            ],
+            out_args=", ".join(f"float& {v}_out" for v in spec.output_values),
+            out_elems=", ".join(f"{v}_f[j]" for v in spec.output_values),
         )
 
 

@@ -36,6 +36,6 @@ struct AdalnLayernormArgs {
 };
 
 // Picks the configuration for args (see the plan in adaln_layernorm.cu) and launches it on stream.
-cudaError_t launch_adaln_layernorm_fwd(const AdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_layernorm(const AdalnLayernormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_adaln_layernorm

@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace adaln_layernorm_binding {
 // adaln_layernorm: convention single_rounding (the math in fp32, rounded once)
 torch::Tensor adaln_layernorm(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, double eps);
 // adaln_layernorm_diffusers: convention diffusers (F.layer_norm then `* (1 + scale) + shift` in the dtype (AdaLayerNormZero))
 torch::Tensor adaln_layernorm_diffusers(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, double eps);
+}  // namespace adaln_layernorm_binding

@@ -37,6 +37,6 @@ struct AdalnRmsnormArgs {
 };
 
 // Picks the configuration for args (see the plan in adaln_rmsnorm.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm(const AdalnRmsnormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_adaln_rmsnorm

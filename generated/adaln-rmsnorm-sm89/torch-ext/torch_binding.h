@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace adaln_rmsnorm_binding {
 // adaln_rmsnorm: convention single_rounding (the math in fp32, rounded once)
 torch::Tensor adaln_rmsnorm(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& weight, double eps);
 // adaln_rmsnorm_diffusers: convention diffusers (diffusers RMSNorm then `* (1 + scale) + shift` in the dtype (LTX-Video blocks))
 torch::Tensor adaln_rmsnorm_diffusers(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace adaln_rmsnorm_binding

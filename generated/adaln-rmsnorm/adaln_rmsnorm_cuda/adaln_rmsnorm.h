@@ -37,18 +37,18 @@ struct AdalnRmsnormArgs {
 };
 
 // Picks sm_75's configuration for args (see the plan in adaln_rmsnorm_sm_75.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_75(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_75(const AdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_80's configuration for args (see the plan in adaln_rmsnorm_sm_80.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_80(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_80(const AdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_86's configuration for args (see the plan in adaln_rmsnorm_sm_86.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_86(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_86(const AdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_89's configuration for args (see the plan in adaln_rmsnorm_sm_89.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_89(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_89(const AdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_90's configuration for args (see the plan in adaln_rmsnorm_sm_90.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_90(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_90(const AdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_100's configuration for args (see the plan in adaln_rmsnorm_sm_100.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_100(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_100(const AdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_120's configuration for args (see the plan in adaln_rmsnorm_sm_120.cu) and launches it on stream.
-cudaError_t launch_adaln_rmsnorm_fwd_sm_120(const AdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_adaln_rmsnorm_sm_120(const AdalnRmsnormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_adaln_rmsnorm

@@ -34,6 +34,6 @@ struct FusedAddRmsnormArgs {
 };
 
 // Picks the configuration for args (see the plan in fused_add_rmsnorm.cu) and launches it on stream.
-cudaError_t launch_fused_add_rmsnorm_fwd(const FusedAddRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_fused_add_rmsnorm(const FusedAddRmsnormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_fused_add_rmsnorm

@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace fused_add_rmsnorm_binding {
 // fused_add_rmsnorm: convention single_rounding (x + residual, then torch.nn.RMSNorm / F.rms_norm)
 std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps);
 // fused_add_rmsnorm_transformers: convention transformers (a transformers decoder layer: residual + x, then LlamaRMSNorm / Qwen3RMSNorm)
 std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_transformers(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace fused_add_rmsnorm_binding

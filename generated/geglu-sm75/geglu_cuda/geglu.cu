@@ -124,7 +124,7 @@ struct Convention_tanh_diffusers {
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, typename Index>
 __global__ void __launch_bounds__(BLOCK_THREADS)
-geglu_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
+geglu_kernel(const T* __restrict__ x, int64_t x_row_stride, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   const Index per_row = Index(hidden / ELEMS);
   const Index positions = Index(rows) * per_row;
@@ -146,10 +146,10 @@ cudaError_t launch_config(const GegluArgs& args, const Params& params, cudaStrea
   const int64_t positions = args.rows * (args.hidden / ELEMS);
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(positions, BLOCK_THREADS), kMaxGridX));
   if (positions <= int64_t(INT32_MAX))  // g + stride stays below 2^32
-    geglu_fwd_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
+    geglu_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
         static_cast<const T*>(args.x), args.x_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, params);
   else
-    geglu_fwd_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
+    geglu_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
         static_cast<const T*>(args.x), args.x_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, params);
   return cudaGetLastError();
 }
@@ -180,7 +180,7 @@ cudaError_t launch_float16(const GegluArgs& args, const Params& params, cudaStre
 
 }  // namespace
 
-cudaError_t launch_geglu_fwd(const GegluArgs& args, cudaStream_t stream) {
+cudaError_t launch_geglu(const GegluArgs& args, cudaStream_t stream) {
   if (args.rows == 0 || args.hidden == 0) return cudaSuccess;
   const Params params{float(args.hidden), 1.0f / float(args.hidden)};
   switch (args.convention) {

@@ -28,6 +28,6 @@ struct GegluArgs {
 };
 
 // Picks the configuration for args (see the plan in geglu.cu) and launches it on stream.
-cudaError_t launch_geglu_fwd(const GegluArgs& args, cudaStream_t stream);
+cudaError_t launch_geglu(const GegluArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_geglu

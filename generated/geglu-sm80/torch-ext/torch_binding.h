@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+namespace geglu_binding {
 // geglu: convention erf (exact (erf) GELU, computed in fp32 and rounded once)
 torch::Tensor geglu(const torch::Tensor& x);
 // geglu_tanh: convention tanh (tanh-approximated GELU, computed in fp32 and rounded once)
@@ -11,3 +12,15 @@ torch::Tensor geglu_tanh(const torch::Tensor& x);
 torch::Tensor geglu_erf_diffusers(const torch::Tensor& x);
 // geglu_tanh_diffusers: convention tanh_diffusers (diffusers GEGLU(approximate='tanh'): gelu(gate) rounded to the dtype, then the product)
 torch::Tensor geglu_tanh_diffusers(const torch::Tensor& x);
+}  // namespace geglu_binding
+
+namespace geglu_backward_binding {
+// geglu_backward: convention erf (the gradient of erf (its roundings to the dtype differentiate as the identity))
+torch::Tensor geglu_backward(const torch::Tensor& x, const torch::Tensor& grad_out);
+// geglu_backward_tanh: convention tanh (the gradient of tanh (its roundings to the dtype differentiate as the identity))
+torch::Tensor geglu_backward_tanh(const torch::Tensor& x, const torch::Tensor& grad_out);
+// geglu_backward_erf_diffusers: convention erf_diffusers (the gradient of erf_diffusers (its roundings to the dtype differentiate as the identity))
+torch::Tensor geglu_backward_erf_diffusers(const torch::Tensor& x, const torch::Tensor& grad_out);
+// geglu_backward_tanh_diffusers: convention tanh_diffusers (the gradient of tanh_diffusers (its roundings to the dtype differentiate as the identity))
+torch::Tensor geglu_backward_tanh_diffusers(const torch::Tensor& x, const torch::Tensor& grad_out);
+}  // namespace geglu_backward_binding

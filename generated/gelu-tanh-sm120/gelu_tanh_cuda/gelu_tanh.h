@@ -28,6 +28,6 @@ struct GeluTanhArgs {
 };
 
 // Picks the configuration for args (see the plan in gelu_tanh.cu) and launches it on stream.
-cudaError_t launch_gelu_tanh_fwd(const GeluTanhArgs& args, cudaStream_t stream);
+cudaError_t launch_gelu_tanh(const GeluTanhArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_gelu_tanh

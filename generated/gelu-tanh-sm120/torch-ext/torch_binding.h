@@ -3,5 +3,12 @@
 
 #include <torch/torch.h>
 
+namespace gelu_tanh_binding {
 // gelu_tanh: convention single_rounding (F.gelu(x, approximate='tanh') and diffusers GELU(approximate='tanh'))
 torch::Tensor gelu_tanh(const torch::Tensor& x);
+}  // namespace gelu_tanh_binding
+
+namespace gelu_tanh_backward_binding {
+// gelu_tanh_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+torch::Tensor gelu_tanh_backward(const torch::Tensor& x, const torch::Tensor& grad_out);
+}  // namespace gelu_tanh_backward_binding

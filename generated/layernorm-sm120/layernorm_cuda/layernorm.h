@@ -31,6 +31,6 @@ struct LayernormArgs {
 };
 
 // Picks the configuration for args (see the plan in layernorm.cu) and launches it on stream.
-cudaError_t launch_layernorm_fwd(const LayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_layernorm(const LayernormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_layernorm

@@ -3,5 +3,7 @@
 
 #include <torch/torch.h>
 
+namespace layernorm_binding {
 // layernorm: convention single_rounding (torch.nn.LayerNorm, torch.nn.functional.layer_norm (fp32 math, one rounding))
 torch::Tensor layernorm(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps);
+}  // namespace layernorm_binding

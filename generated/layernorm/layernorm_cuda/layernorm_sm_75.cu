@@ -320,7 +320,7 @@ template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROW
 // alone it capped fused_add_rmsnorm's bf16 kernels at 48 registers and spilled (nvcc 13.0, sm_90),
 // and layernorm's shared-memory rows on sm_80.
 __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK, 1)
-layernorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
+layernorm_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kWarpsPerBlock = ceil_div(THREADS_PER_ROW * ROWS_PER_BLOCK, kWarpSize);
   constexpr int kCached = STORAGE == RowStorage::kRegisters ? MAX_ACCESSES : 1;
@@ -413,7 +413,7 @@ layernorm_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __r
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
 cudaError_t launch_config(const LayernormArgs& args, const Params& params, cudaStream_t stream) {
-  auto* kernel = &layernorm_fwd_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE,
+  auto* kernel = &layernorm_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE,
                                      COLUMNS_IN_REGISTERS>;
   const size_t shared_bytes =
       STORAGE == RowStorage::kShared ? size_t(args.hidden) * sizeof(T) * 1 : 0;
@@ -436,7 +436,7 @@ bool fits_in_one_wave(int64_t rows) {
   static const int blocks_per_sm = [] {
     int blocks = 0;  // stays 0 if the query fails: the multi-wave configuration is always safe
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, layernorm_fwd_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, RowStorage::kRegisters, true>,
+        &blocks, layernorm_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, RowStorage::kRegisters, true>,
         THREADS_PER_ROW * ROWS_PER_BLOCK, 0);
     return blocks;
   }();
@@ -553,7 +553,7 @@ cudaError_t launch_float16(const LayernormArgs& args, const Params& params, cuda
 
 }  // namespace
 
-cudaError_t launch_layernorm_fwd_sm_75(const LayernormArgs& args, cudaStream_t stream) {
+cudaError_t launch_layernorm_sm_75(const LayernormArgs& args, cudaStream_t stream) {
   if (args.rows == 0 || args.hidden == 0) return cudaSuccess;
   const Params params{args.eps, float(args.hidden), 1.0f / float(args.hidden)};
   switch (args.convention) {

@@ -43,6 +43,6 @@ struct ResidualAdalnLayernormArgs {
 };
 
 // Picks the configuration for args (see the plan in residual_adaln_layernorm.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_residual_adaln_layernorm

@@ -43,18 +43,18 @@ struct ResidualAdalnLayernormArgs {
 };
 
 // Picks sm_75's configuration for args (see the plan in residual_adaln_layernorm_sm_75.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_75(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_75(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 // Picks sm_80's configuration for args (see the plan in residual_adaln_layernorm_sm_80.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_80(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_80(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 // Picks sm_86's configuration for args (see the plan in residual_adaln_layernorm_sm_86.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_86(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_86(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 // Picks sm_89's configuration for args (see the plan in residual_adaln_layernorm_sm_89.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_89(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_89(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 // Picks sm_90's configuration for args (see the plan in residual_adaln_layernorm_sm_90.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_90(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_90(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 // Picks sm_100's configuration for args (see the plan in residual_adaln_layernorm_sm_100.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_100(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_100(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 // Picks sm_120's configuration for args (see the plan in residual_adaln_layernorm_sm_120.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_layernorm_fwd_sm_120(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_layernorm_sm_120(const ResidualAdalnLayernormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_residual_adaln_layernorm

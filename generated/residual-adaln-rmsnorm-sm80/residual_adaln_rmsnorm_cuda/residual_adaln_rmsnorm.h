@@ -44,6 +44,6 @@ struct ResidualAdalnRmsnormArgs {
 };
 
 // Picks the configuration for args (see the plan in residual_adaln_rmsnorm.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_residual_adaln_rmsnorm

@@ -44,18 +44,18 @@ struct ResidualAdalnRmsnormArgs {
 };
 
 // Picks sm_75's configuration for args (see the plan in residual_adaln_rmsnorm_sm_75.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_75(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_75(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_80's configuration for args (see the plan in residual_adaln_rmsnorm_sm_80.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_80(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_80(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_86's configuration for args (see the plan in residual_adaln_rmsnorm_sm_86.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_86(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_86(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_89's configuration for args (see the plan in residual_adaln_rmsnorm_sm_89.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_89(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_89(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_90's configuration for args (see the plan in residual_adaln_rmsnorm_sm_90.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_90(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_90(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_100's configuration for args (see the plan in residual_adaln_rmsnorm_sm_100.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_100(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_100(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 // Picks sm_120's configuration for args (see the plan in residual_adaln_rmsnorm_sm_120.cu) and launches it on stream.
-cudaError_t launch_residual_adaln_rmsnorm_fwd_sm_120(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_residual_adaln_rmsnorm_sm_120(const ResidualAdalnRmsnormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_residual_adaln_rmsnorm

@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace residual_adaln_rmsnorm_binding {
 // residual_adaln_rmsnorm: convention single_rounding (r = x + h·gate rounded once (as stored), the rest in fp32, rounded once)
 std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps);
 // residual_adaln_rmsnorm_diffusers: convention diffusers (diffusers LTX-Video blocks: each step in the dtype)
 std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_diffusers(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace residual_adaln_rmsnorm_binding

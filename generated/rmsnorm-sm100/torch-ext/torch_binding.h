@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace rmsnorm_binding {
 // rmsnorm: convention single_rounding (torch.nn.RMSNorm, torch.nn.functional.rms_norm, diffusers RMSNorm)
 torch::Tensor rmsnorm(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps);
 // rmsnorm_transformers: convention transformers (transformers LlamaRMSNorm / Qwen3RMSNorm: round to x's dtype, then weight ·)
 torch::Tensor rmsnorm_transformers(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace rmsnorm_binding

@@ -30,6 +30,6 @@ struct RmsnormArgs {
 };
 
 // Picks the configuration for args (see the plan in rmsnorm.cu) and launches it on stream.
-cudaError_t launch_rmsnorm_fwd(const RmsnormArgs& args, cudaStream_t stream);
+cudaError_t launch_rmsnorm(const RmsnormArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rmsnorm

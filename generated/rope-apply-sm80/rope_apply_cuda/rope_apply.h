@@ -34,6 +34,6 @@ struct RopeApplyArgs {
 };
 
 // Picks the configuration for args (see the plan in rope_apply.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply(const RopeApplyArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope_apply

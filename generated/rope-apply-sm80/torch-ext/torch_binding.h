@@ -3,5 +3,7 @@
 
 #include <torch/torch.h>
 
+namespace rope_apply_binding {
 // rope_apply: convention single_rounding (diffusers apply_rotary_emb: fp32 math, one rounding)
 torch::Tensor rope_apply(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+}  // namespace rope_apply_binding

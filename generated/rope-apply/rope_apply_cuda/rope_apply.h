@@ -34,18 +34,18 @@ struct RopeApplyArgs {
 };
 
 // Picks sm_75's configuration for args (see the plan in rope_apply_sm_75.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_75(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_75(const RopeApplyArgs& args, cudaStream_t stream);
 // Picks sm_80's configuration for args (see the plan in rope_apply_sm_80.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_80(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_80(const RopeApplyArgs& args, cudaStream_t stream);
 // Picks sm_86's configuration for args (see the plan in rope_apply_sm_86.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_86(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_86(const RopeApplyArgs& args, cudaStream_t stream);
 // Picks sm_89's configuration for args (see the plan in rope_apply_sm_89.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_89(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_89(const RopeApplyArgs& args, cudaStream_t stream);
 // Picks sm_90's configuration for args (see the plan in rope_apply_sm_90.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_90(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_90(const RopeApplyArgs& args, cudaStream_t stream);
 // Picks sm_100's configuration for args (see the plan in rope_apply_sm_100.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_100(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_100(const RopeApplyArgs& args, cudaStream_t stream);
 // Picks sm_120's configuration for args (see the plan in rope_apply_sm_120.cu) and launches it on stream.
-cudaError_t launch_rope_apply_fwd_sm_120(const RopeApplyArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_apply_sm_120(const RopeApplyArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope_apply

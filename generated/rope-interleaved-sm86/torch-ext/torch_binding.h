@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace rope_interleaved_binding {
 // rope_interleaved: convention single_rounding (the rotation in fp32, rounded once)
 std::tuple<torch::Tensor, torch::Tensor> rope_interleaved(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin);
 // rope_interleaved_transformers: convention transformers (transformers GPT-J: each product in the model dtype, then the sum)
 std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_transformers(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin);
+}  // namespace rope_interleaved_binding

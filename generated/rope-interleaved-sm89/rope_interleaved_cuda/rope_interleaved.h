@@ -39,6 +39,6 @@ struct RopeInterleavedArgs {
 };
 
 // Picks the configuration for args (see the plan in rope_interleaved.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved(const RopeInterleavedArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope_interleaved

@@ -39,18 +39,18 @@ struct RopeInterleavedArgs {
 };
 
 // Picks sm_75's configuration for args (see the plan in rope_interleaved_sm_75.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_75(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_75(const RopeInterleavedArgs& args, cudaStream_t stream);
 // Picks sm_80's configuration for args (see the plan in rope_interleaved_sm_80.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_80(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_80(const RopeInterleavedArgs& args, cudaStream_t stream);
 // Picks sm_86's configuration for args (see the plan in rope_interleaved_sm_86.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_86(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_86(const RopeInterleavedArgs& args, cudaStream_t stream);
 // Picks sm_89's configuration for args (see the plan in rope_interleaved_sm_89.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_89(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_89(const RopeInterleavedArgs& args, cudaStream_t stream);
 // Picks sm_90's configuration for args (see the plan in rope_interleaved_sm_90.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_90(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_90(const RopeInterleavedArgs& args, cudaStream_t stream);
 // Picks sm_100's configuration for args (see the plan in rope_interleaved_sm_100.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_100(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_100(const RopeInterleavedArgs& args, cudaStream_t stream);
 // Picks sm_120's configuration for args (see the plan in rope_interleaved_sm_120.cu) and launches it on stream.
-cudaError_t launch_rope_interleaved_fwd_sm_120(const RopeInterleavedArgs& args, cudaStream_t stream);
+cudaError_t launch_rope_interleaved_sm_120(const RopeInterleavedArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope_interleaved

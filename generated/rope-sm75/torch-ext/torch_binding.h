@@ -3,7 +3,9 @@
 
 #include <torch/torch.h>
 
+namespace rope_binding {
 // rope: convention single_rounding (the rotation in fp32, rounded once)
 std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin);
 // rope_transformers: convention transformers (transformers apply_rotary_pos_emb: each product in the model dtype, then the sum)
 std::tuple<torch::Tensor, torch::Tensor> rope_transformers(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin);
+}  // namespace rope_binding

@@ -39,6 +39,6 @@ struct RopeArgs {
 };
 
 // Picks the configuration for args (see the plan in rope.cu) and launches it on stream.
-cudaError_t launch_rope_fwd(const RopeArgs& args, cudaStream_t stream);
+cudaError_t launch_rope(const RopeArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope

@@ -159,7 +159,7 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS, typename Index>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
-rope_fwd_kernel(const RopeArgs args, Index chunks, Index heads_per_thread, Params params) {
+rope_kernel(const RopeArgs args, Index chunks, Index heads_per_thread, Params params) {
   constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
   const Index groups = Index(args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS));
   const Index slots = Index(args.batch * args.tokens) * chunks;  // (token, chunk of heads) pairs
@@ -243,10 +243,10 @@ cudaError_t launch_config(const RopeArgs& args, const Params& params, cudaStream
   const bool narrow = args.batch * args.tokens * chunks <= int64_t(INT32_MAX) && blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
                       total_heads * heads_per_thread <= int64_t(INT32_MAX);
   if (narrow)
-    rope_fwd_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+    rope_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
         args, uint32_t(chunks), uint32_t(heads_per_thread), params);
   else
-    rope_fwd_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+    rope_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
         args, uint64_t(chunks), uint64_t(heads_per_thread), params);
   return cudaGetLastError();
 }
@@ -309,7 +309,7 @@ cudaError_t launch_bfloat16(const RopeArgs& args, const Params& params, cudaStre
 
 }  // namespace
 
-cudaError_t launch_rope_fwd(const RopeArgs& args, cudaStream_t stream) {
+cudaError_t launch_rope(const RopeArgs& args, cudaStream_t stream) {
   if (args.batch == 0 || args.tokens == 0 || args.hidden == 0) return cudaSuccess;
   const Params params{float(args.hidden), 1.0f / float(args.hidden)};
   switch (args.convention) {

@@ -3,5 +3,7 @@
 
 #include <torch/torch.h>
 
+namespace rope3d_coords_binding {
 // rope3d_coords: convention single_rounding (diffusers LTXVideoRotaryPosEmbed(video_coords=...) + apply_rotary_emb: fp32 angles, one rounding)
 torch::Tensor rope3d_coords(const torch::Tensor& x, const torch::Tensor& coords, double theta, double base_frames, double base_height, double base_width);
+}  // namespace rope3d_coords_binding

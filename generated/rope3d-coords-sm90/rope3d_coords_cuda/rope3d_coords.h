@@ -36,6 +36,6 @@ struct Rope3DCoordsArgs {
 };
 
 // Picks the configuration for args (see the plan in rope3d_coords.cu) and launches it on stream.
-cudaError_t launch_rope3d_coords_fwd(const Rope3DCoordsArgs& args, cudaStream_t stream);
+cudaError_t launch_rope3d_coords(const Rope3DCoordsArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope3d_coords

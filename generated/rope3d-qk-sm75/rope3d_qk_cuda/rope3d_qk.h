@@ -47,6 +47,6 @@ struct Rope3DQkArgs {
 };
 
 // Picks the configuration for args (see the plan in rope3d_qk.cu) and launches it on stream.
-cudaError_t launch_rope3d_qk_fwd(const Rope3DQkArgs& args, cudaStream_t stream);
+cudaError_t launch_rope3d_qk(const Rope3DQkArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope3d_qk

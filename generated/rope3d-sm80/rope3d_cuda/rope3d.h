@@ -42,6 +42,6 @@ struct Rope3DArgs {
 };
 
 // Picks the configuration for args (see the plan in rope3d.cu) and launches it on stream.
-cudaError_t launch_rope3d_fwd(const Rope3DArgs& args, cudaStream_t stream);
+cudaError_t launch_rope3d(const Rope3DArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_rope3d

@@ -28,6 +28,6 @@ struct SiluAndMulArgs {
 };
 
 // Picks the configuration for args (see the plan in silu_and_mul.cu) and launches it on stream.
-cudaError_t launch_silu_and_mul_fwd(const SiluAndMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_and_mul(const SiluAndMulArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_silu_and_mul

@@ -109,7 +109,7 @@ struct Convention_transformers {
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, typename Index>
 __global__ void __launch_bounds__(BLOCK_THREADS)
-silu_and_mul_fwd_kernel(const T* __restrict__ x, int64_t x_row_stride, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
+silu_and_mul_kernel(const T* __restrict__ x, int64_t x_row_stride, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   const Index per_row = Index(hidden / ELEMS);
   const Index positions = Index(rows) * per_row;
@@ -131,10 +131,10 @@ cudaError_t launch_config(const SiluAndMulArgs& args, const Params& params, cuda
   const int64_t positions = args.rows * (args.hidden / ELEMS);
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(positions, BLOCK_THREADS), kMaxGridX));
   if (positions <= int64_t(INT32_MAX))  // g + stride stays below 2^32
-    silu_and_mul_fwd_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
+    silu_and_mul_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
         static_cast<const T*>(args.x), args.x_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, params);
   else
-    silu_and_mul_fwd_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
+    silu_and_mul_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
         static_cast<const T*>(args.x), args.x_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, params);
   return cudaGetLastError();
 }
@@ -177,7 +177,7 @@ cudaError_t launch_bfloat16(const SiluAndMulArgs& args, const Params& params, cu
 
 }  // namespace
 
-cudaError_t launch_silu_and_mul_fwd(const SiluAndMulArgs& args, cudaStream_t stream) {
+cudaError_t launch_silu_and_mul(const SiluAndMulArgs& args, cudaStream_t stream) {
   if (args.rows == 0 || args.hidden == 0) return cudaSuccess;
   const Params params{float(args.hidden), 1.0f / float(args.hidden)};
   switch (args.convention) {

@@ -3,7 +3,16 @@
 
 #include <torch/torch.h>
 
+namespace silu_and_mul_binding {
 // silu_and_mul: convention single_rounding (silu(gate) · up in fp32, rounded once)
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 // silu_and_mul_transformers: convention transformers (transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product)
 torch::Tensor silu_and_mul_transformers(const torch::Tensor& x);
+}  // namespace silu_and_mul_binding
+
+namespace silu_and_mul_backward_binding {
+// silu_and_mul_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+torch::Tensor silu_and_mul_backward(const torch::Tensor& x, const torch::Tensor& grad_out);
+// silu_and_mul_backward_transformers: convention transformers (the gradient of transformers (its roundings to the dtype differentiate as the identity))
+torch::Tensor silu_and_mul_backward_transformers(const torch::Tensor& x, const torch::Tensor& grad_out);
+}  // namespace silu_and_mul_backward_binding

@@ -3,7 +3,16 @@
 
 #include <torch/torch.h>
 
+namespace silu_mul_binding {
 // silu_mul: convention single_rounding (silu(gate) · up in fp32, rounded once)
 torch::Tensor silu_mul(const torch::Tensor& x, const torch::Tensor& up);
 // silu_mul_transformers: convention transformers (transformers LlamaMLP / Qwen3MLP: silu(gate) rounded to the dtype, then the product)
 torch::Tensor silu_mul_transformers(const torch::Tensor& x, const torch::Tensor& up);
+}  // namespace silu_mul_binding
+
+namespace silu_mul_backward_binding {
+// silu_mul_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> silu_mul_backward(const torch::Tensor& x, const torch::Tensor& up, const torch::Tensor& grad_out);
+// silu_mul_backward_transformers: convention transformers (the gradient of transformers (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> silu_mul_backward_transformers(const torch::Tensor& x, const torch::Tensor& up, const torch::Tensor& grad_out);
+}  // namespace silu_mul_backward_binding

@@ -30,6 +30,6 @@ struct SiluMulArgs {
 };
 
 // Picks the configuration for args (see the plan in silu_mul.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul(const SiluMulArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_silu_mul

@@ -30,18 +30,18 @@ struct SiluMulArgs {
 };
 
 // Picks sm_75's configuration for args (see the plan in silu_mul_sm_75.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_75(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_75(const SiluMulArgs& args, cudaStream_t stream);
 // Picks sm_80's configuration for args (see the plan in silu_mul_sm_80.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_80(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_80(const SiluMulArgs& args, cudaStream_t stream);
 // Picks sm_86's configuration for args (see the plan in silu_mul_sm_86.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_86(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_86(const SiluMulArgs& args, cudaStream_t stream);
 // Picks sm_89's configuration for args (see the plan in silu_mul_sm_89.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_89(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_89(const SiluMulArgs& args, cudaStream_t stream);
 // Picks sm_90's configuration for args (see the plan in silu_mul_sm_90.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_90(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_90(const SiluMulArgs& args, cudaStream_t stream);
 // Picks sm_100's configuration for args (see the plan in silu_mul_sm_100.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_100(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_100(const SiluMulArgs& args, cudaStream_t stream);
 // Picks sm_120's configuration for args (see the plan in silu_mul_sm_120.cu) and launches it on stream.
-cudaError_t launch_silu_mul_fwd_sm_120(const SiluMulArgs& args, cudaStream_t stream);
+cudaError_t launch_silu_mul_sm_120(const SiluMulArgs& args, cudaStream_t stream);
 
 }  // namespace kgen_silu_mul

@@ -32,8 +32,15 @@ def adaln_layernorm(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, e
     raise ValueError(f"adaln_layernorm: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _adaln_layernorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_layernorm."""
     torch._check(x.dim() >= 1, lambda: "adaln_layernorm: x must have at least one dim")
     torch._check(scale.dtype == x.dtype, lambda: "adaln_layernorm: scale must have the dtype of x")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
@@ -46,14 +53,8 @@ def _adaln_layernorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Ten
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("adaln_layernorm", _adaln_layernorm_fake)
 _register_fake("adaln_layernorm_diffusers", _adaln_layernorm_fake)
+
 
 __all__ = ["adaln_layernorm", "layers", "CONVENTIONS"]

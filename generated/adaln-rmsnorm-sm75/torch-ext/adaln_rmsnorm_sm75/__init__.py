@@ -33,8 +33,15 @@ def adaln_rmsnorm(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, wei
     raise ValueError(f"adaln_rmsnorm: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _adaln_rmsnorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_rmsnorm."""
     torch._check(x.dim() >= 1, lambda: "adaln_rmsnorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"adaln_rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -51,14 +58,8 @@ def _adaln_rmsnorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tenso
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("adaln_rmsnorm", _adaln_rmsnorm_fake)
 _register_fake("adaln_rmsnorm_diffusers", _adaln_rmsnorm_fake)
+
 
 __all__ = ["adaln_rmsnorm", "layers", "CONVENTIONS"]

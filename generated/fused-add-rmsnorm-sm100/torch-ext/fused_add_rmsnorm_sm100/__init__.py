@@ -41,8 +41,15 @@ def fused_add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional
     raise ValueError(f"fused_add_rmsnorm_: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _fused_add_rmsnorm_fake(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm."""
     torch._check(x.dim() >= 1, lambda: "fused_add_rmsnorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"fused_add_rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -58,16 +65,10 @@ def _fused_add_rmsnorm_inplace_fake(x: torch.Tensor, residual: torch.Tensor, wei
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("fused_add_rmsnorm", _fused_add_rmsnorm_fake)
 _register_fake("fused_add_rmsnorm_", _fused_add_rmsnorm_inplace_fake)
 _register_fake("fused_add_rmsnorm_transformers", _fused_add_rmsnorm_fake)
 _register_fake("fused_add_rmsnorm_transformers_", _fused_add_rmsnorm_inplace_fake)
+
 
 __all__ = ["fused_add_rmsnorm", "fused_add_rmsnorm_", "layers", "CONVENTIONS"]

@@ -35,13 +35,6 @@ def geglu(x: torch.Tensor, *, convention: str = "erf") -> torch.Tensor:
     raise ValueError(f"geglu: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "geglu: x must have at least one dim")
-    torch._check(x.shape[-1] % 2 == 0, lambda: "geglu: x holds two halves along its last dim, which must be even")
-    return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -49,9 +42,33 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through geglu."""
+    torch._check(x.dim() >= 1, lambda: "geglu: x must have at least one dim")
+    torch._check(x.shape[-1] % 2 == 0, lambda: "geglu: x holds two halves along its last dim, which must be even")
+    return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
+
+
 _register_fake("geglu", _geglu_fake)
 _register_fake("geglu_tanh", _geglu_fake)
 _register_fake("geglu_erf_diffusers", _geglu_fake)
 _register_fake("geglu_tanh_diffusers", _geglu_fake)
+
+
+def _geglu_backward_fake(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through geglu_backward."""
+    torch._check(x.dim() >= 1, lambda: "geglu_backward: x must have at least one dim")
+    torch._check(x.shape[-1] % 2 == 0, lambda: "geglu_backward: x holds two halves along its last dim, which must be even")
+    torch._check(grad_out.dtype == x.dtype, lambda: "geglu_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.shape[:-1] == x.shape[:-1] and grad_out.shape[-1] == x.shape[-1] // 2,
+                 lambda: "geglu_backward: grad_out must have the shape of x with half its last dim")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+_register_fake("geglu_backward", _geglu_backward_fake)
+_register_fake("geglu_backward_tanh", _geglu_backward_fake)
+_register_fake("geglu_backward_erf_diffusers", _geglu_backward_fake)
+_register_fake("geglu_backward_tanh_diffusers", _geglu_backward_fake)
+
 
 __all__ = ["geglu", "layers", "CONVENTIONS"]

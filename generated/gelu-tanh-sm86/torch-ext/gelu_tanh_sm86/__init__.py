@@ -26,12 +26,6 @@ def gelu_tanh(x: torch.Tensor, *, convention: str = "single_rounding") -> torch.
     raise ValueError(f"gelu_tanh: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _gelu_tanh_fake(x: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "gelu_tanh: x must have at least one dim")
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -39,6 +33,24 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _gelu_tanh_fake(x: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through gelu_tanh."""
+    torch._check(x.dim() >= 1, lambda: "gelu_tanh: x must have at least one dim")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 _register_fake("gelu_tanh", _gelu_tanh_fake)
+
+
+def _gelu_tanh_backward_fake(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through gelu_tanh_backward."""
+    torch._check(x.dim() >= 1, lambda: "gelu_tanh_backward: x must have at least one dim")
+    torch._check(grad_out.dtype == x.dtype, lambda: "gelu_tanh_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.shape == x.shape, lambda: "gelu_tanh_backward: grad_out must have the shape of x")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+_register_fake("gelu_tanh_backward", _gelu_tanh_backward_fake)
+
 
 __all__ = ["gelu_tanh", "layers", "CONVENTIONS"]

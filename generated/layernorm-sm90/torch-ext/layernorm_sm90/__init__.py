@@ -29,8 +29,15 @@ def layernorm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Opti
     raise ValueError(f"layernorm: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-05) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through layernorm."""
     torch._check(x.dim() >= 1, lambda: "layernorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"layernorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -43,13 +50,7 @@ def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("layernorm", _layernorm_fake)
+
 
 __all__ = ["layernorm", "layers", "CONVENTIONS"]

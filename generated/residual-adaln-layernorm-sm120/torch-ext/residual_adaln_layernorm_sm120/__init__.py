@@ -34,8 +34,15 @@ def residual_adaln_layernorm(x: torch.Tensor, h: torch.Tensor, scale: torch.Tens
     raise ValueError(f"residual_adaln_layernorm: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _residual_adaln_layernorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_layernorm."""
     torch._check(x.dim() >= 1, lambda: "residual_adaln_layernorm: x must have at least one dim")
     torch._check(h.dtype == x.dtype, lambda: "residual_adaln_layernorm: h must have the dtype of x")
     torch._check(h.shape == x.shape, lambda: "residual_adaln_layernorm: h must have the shape of x")
@@ -55,14 +62,8 @@ def _residual_adaln_layernorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torc
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("residual_adaln_layernorm", _residual_adaln_layernorm_fake)
 _register_fake("residual_adaln_layernorm_diffusers", _residual_adaln_layernorm_fake)
+
 
 __all__ = ["residual_adaln_layernorm", "layers", "CONVENTIONS"]

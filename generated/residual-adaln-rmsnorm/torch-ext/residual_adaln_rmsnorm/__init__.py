@@ -35,8 +35,15 @@ def residual_adaln_rmsnorm(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor
     raise ValueError(f"residual_adaln_rmsnorm: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _residual_adaln_rmsnorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_rmsnorm."""
     torch._check(x.dim() >= 1, lambda: "residual_adaln_rmsnorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"residual_adaln_rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -60,14 +67,8 @@ def _residual_adaln_rmsnorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("residual_adaln_rmsnorm", _residual_adaln_rmsnorm_fake)
 _register_fake("residual_adaln_rmsnorm_diffusers", _residual_adaln_rmsnorm_fake)
+
 
 __all__ = ["residual_adaln_rmsnorm", "layers", "CONVENTIONS"]

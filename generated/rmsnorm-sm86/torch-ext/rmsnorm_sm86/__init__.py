@@ -31,8 +31,15 @@ def rmsnorm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float =
     raise ValueError(f"rmsnorm: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _rmsnorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rmsnorm."""
     torch._check(x.dim() >= 1, lambda: "rmsnorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -41,14 +48,8 @@ def _rmsnorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: f
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("rmsnorm", _rmsnorm_fake)
 _register_fake("rmsnorm_transformers", _rmsnorm_fake)
+
 
 __all__ = ["rmsnorm", "layers", "CONVENTIONS"]

@@ -28,8 +28,15 @@ def rope_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convent
     raise ValueError(f"rope_apply: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _rope_apply_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_apply."""
     torch._check(x.dim() >= 1, lambda: "rope_apply: x must have at least one dim")
     torch._check(cos.dtype == torch.float32, lambda: "rope_apply: cos must be float32")
     torch._check(cos.shape[-1] == x.shape[-1], lambda: "rope_apply: cos must have x's last dim")
@@ -38,13 +45,7 @@ def _rope_apply_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("rope_apply", _rope_apply_fake)
+
 
 __all__ = ["rope_apply", "layers", "CONVENTIONS"]

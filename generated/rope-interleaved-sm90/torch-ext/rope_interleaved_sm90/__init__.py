@@ -41,8 +41,15 @@ def rope_interleaved_(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
     raise ValueError(f"rope_interleaved_: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _rope_interleaved_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_interleaved."""
     torch._check(x.dim() >= 1, lambda: "rope_interleaved: x must have at least one dim")
     torch._check(k.dtype == x.dtype, lambda: "rope_interleaved: k must have the dtype of x")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope_interleaved: k must have x's last dim")
@@ -58,16 +65,10 @@ def _rope_interleaved_inplace_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.
     return None
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("rope_interleaved", _rope_interleaved_fake)
 _register_fake("rope_interleaved_", _rope_interleaved_inplace_fake)
 _register_fake("rope_interleaved_transformers", _rope_interleaved_fake)
 _register_fake("rope_interleaved_transformers_", _rope_interleaved_inplace_fake)
+
 
 __all__ = ["rope_interleaved", "rope_interleaved_", "layers", "CONVENTIONS"]

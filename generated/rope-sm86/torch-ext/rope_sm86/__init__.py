@@ -41,8 +41,15 @@ def rope_(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     raise ValueError(f"rope_: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
+def _register_fake(name: str, fake) -> None:
+    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
+    sources and flags, so it is the same code) registered the same one: keep it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
+        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
+
+
 def _rope_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope."""
     torch._check(x.dim() >= 1, lambda: "rope: x must have at least one dim")
     torch._check(k.dtype == x.dtype, lambda: "rope: k must have the dtype of x")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope: k must have x's last dim")
@@ -58,16 +65,10 @@ def _rope_inplace_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin:
     return None
 
 
-def _register_fake(name: str, fake) -> None:
-    """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
-    sources and flags, so it is the same code) registered the same one: keep it."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(name), "Meta"):
-        torch.library.register_fake(add_op_namespace_prefix(name))(fake)
-
-
 _register_fake("rope", _rope_fake)
 _register_fake("rope_", _rope_inplace_fake)
 _register_fake("rope_transformers", _rope_fake)
 _register_fake("rope_transformers_", _rope_inplace_fake)
+
 
 __all__ = ["rope", "rope_", "layers", "CONVENTIONS"]

@@ -31,13 +31,6 @@ def rope3d_coords(x: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0,
     raise ValueError(f"rope3d_coords: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _rope3d_coords_fake(x: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "rope3d_coords: x must have at least one dim")
-    torch._check(coords.dtype == torch.float32, lambda: "rope3d_coords: coords must be float32")
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -45,6 +38,14 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _rope3d_coords_fake(x: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_coords."""
+    torch._check(x.dim() >= 1, lambda: "rope3d_coords: x must have at least one dim")
+    torch._check(coords.dtype == torch.float32, lambda: "rope3d_coords: coords must be float32")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 _register_fake("rope3d_coords", _rope3d_coords_fake)
+
 
 __all__ = ["rope3d_coords", "layers", "CONVENTIONS"]

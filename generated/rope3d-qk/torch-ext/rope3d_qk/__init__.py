@@ -39,14 +39,6 @@ def rope3d_qk(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1
     raise ValueError(f"rope3d_qk: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _rope3d_qk_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "rope3d_qk: x must have at least one dim")
-    torch._check(k.dtype == x.dtype, lambda: "rope3d_qk: k must have the dtype of x")
-    torch._check(k.shape[-1] == x.shape[-1], lambda: "rope3d_qk: k must have x's last dim")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(k.shape, dtype=x.dtype, device=x.device))
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -54,6 +46,15 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _rope3d_qk_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk."""
+    torch._check(x.dim() >= 1, lambda: "rope3d_qk: x must have at least one dim")
+    torch._check(k.dtype == x.dtype, lambda: "rope3d_qk: k must have the dtype of x")
+    torch._check(k.shape[-1] == x.shape[-1], lambda: "rope3d_qk: k must have x's last dim")
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(k.shape, dtype=x.dtype, device=x.device))
+
+
 _register_fake("rope3d_qk", _rope3d_qk_fake)
+
 
 __all__ = ["rope3d_qk", "layers", "CONVENTIONS"]

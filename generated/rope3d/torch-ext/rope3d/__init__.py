@@ -38,12 +38,6 @@ def rope3d(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, th
     raise ValueError(f"rope3d: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _rope3d_fake(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "rope3d: x must have at least one dim")
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -51,6 +45,13 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _rope3d_fake(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d."""
+    torch._check(x.dim() >= 1, lambda: "rope3d: x must have at least one dim")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 _register_fake("rope3d", _rope3d_fake)
+
 
 __all__ = ["rope3d", "layers", "CONVENTIONS"]

@@ -29,13 +29,6 @@ def silu_and_mul(x: torch.Tensor, *, convention: str = "single_rounding") -> tor
     raise ValueError(f"silu_and_mul: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "silu_and_mul: x must have at least one dim")
-    torch._check(x.shape[-1] % 2 == 0, lambda: "silu_and_mul: x holds two halves along its last dim, which must be even")
-    return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -43,7 +36,29 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through silu_and_mul."""
+    torch._check(x.dim() >= 1, lambda: "silu_and_mul: x must have at least one dim")
+    torch._check(x.shape[-1] % 2 == 0, lambda: "silu_and_mul: x holds two halves along its last dim, which must be even")
+    return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
+
+
 _register_fake("silu_and_mul", _silu_and_mul_fake)
 _register_fake("silu_and_mul_transformers", _silu_and_mul_fake)
+
+
+def _silu_and_mul_backward_fake(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through silu_and_mul_backward."""
+    torch._check(x.dim() >= 1, lambda: "silu_and_mul_backward: x must have at least one dim")
+    torch._check(x.shape[-1] % 2 == 0, lambda: "silu_and_mul_backward: x holds two halves along its last dim, which must be even")
+    torch._check(grad_out.dtype == x.dtype, lambda: "silu_and_mul_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.shape[:-1] == x.shape[:-1] and grad_out.shape[-1] == x.shape[-1] // 2,
+                 lambda: "silu_and_mul_backward: grad_out must have the shape of x with half its last dim")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+_register_fake("silu_and_mul_backward", _silu_and_mul_backward_fake)
+_register_fake("silu_and_mul_backward_transformers", _silu_and_mul_backward_fake)
+
 
 __all__ = ["silu_and_mul", "layers", "CONVENTIONS"]

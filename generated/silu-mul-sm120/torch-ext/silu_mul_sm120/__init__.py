@@ -30,14 +30,6 @@ def silu_mul(x: torch.Tensor, up: torch.Tensor, *, convention: str = "single_rou
     raise ValueError(f"silu_mul: convention must be one of {CONVENTIONS}, got {convention!r}")
 
 
-def _silu_mul_fake(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through the op."""
-    torch._check(x.dim() >= 1, lambda: "silu_mul: x must have at least one dim")
-    torch._check(up.dtype == x.dtype, lambda: "silu_mul: up must have the dtype of x")
-    torch._check(up.shape == x.shape, lambda: "silu_mul: up must have the shape of x")
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _register_fake(name: str, fake) -> None:
     """The op's fake kernel. A copy of this build loaded before (from another folder: the op namespace names the
     sources and flags, so it is the same code) registered the same one: keep it."""
@@ -45,7 +37,30 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _silu_mul_fake(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through silu_mul."""
+    torch._check(x.dim() >= 1, lambda: "silu_mul: x must have at least one dim")
+    torch._check(up.dtype == x.dtype, lambda: "silu_mul: up must have the dtype of x")
+    torch._check(up.shape == x.shape, lambda: "silu_mul: up must have the shape of x")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 _register_fake("silu_mul", _silu_mul_fake)
 _register_fake("silu_mul_transformers", _silu_mul_fake)
+
+
+def _silu_mul_backward_fake(x: torch.Tensor, up: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through silu_mul_backward."""
+    torch._check(x.dim() >= 1, lambda: "silu_mul_backward: x must have at least one dim")
+    torch._check(up.dtype == x.dtype, lambda: "silu_mul_backward: up must have the dtype of x")
+    torch._check(up.shape == x.shape, lambda: "silu_mul_backward: up must have the shape of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: "silu_mul_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.shape == x.shape, lambda: "silu_mul_backward: grad_out must have the shape of x")
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
+_register_fake("silu_mul_backward", _silu_mul_backward_fake)
+_register_fake("silu_mul_backward_transformers", _silu_mul_backward_fake)
+
 
 __all__ = ["silu_mul", "layers", "CONVENTIONS"]

@@ -12,7 +12,7 @@ class GatedMLP(torch.nn.Module):
     """Replaces transformers.models.llama.modeling_llama.LlamaMLP, transformers.models.qwen3.modeling_qwen3.Qwen3MLP; convention transformers."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, x) -> torch.Tensor:
         return self.down_proj(ops.silu_mul_transformers(self.gate_proj(x), self.up_proj(x)))

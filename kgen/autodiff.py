@@ -1,0 +1,92 @@
+"""Gradients of spec math: what a family derives an op's backward from.
+
+Each convention's output expressions are differentiated by sympy (vector-Jacobian products: the incoming
+gradient of every output times the output's partial derivative, summed). Two rewrites come first:
+- a rounding to the I/O dtype (`to_io_dtype`) differentiates as the identity, as autograd treats the cast a
+  library performs (the float64 reference of a rounding convention goes through `.to(dtype)` the same way);
+- ``1 / (1 + exp(-u))`` becomes ``sigmoid(u)``, whose derivative s·(1 - s) stays finite where exp(-u)
+  overflows (SiLU's derivative written from x / (1 + exp(-x)) is inf / inf for x < -88 in fp32).
+
+The backward's float64 reference is autograd through the forward's reference, so the derived math is checked
+against the library-level definition, not against itself."""
+
+from __future__ import annotations
+
+import inspect
+
+import sympy as sp
+
+from .dsl import OpSpec, sigmoid, to_io_dtype
+
+
+def gradient_name(name: str) -> str:
+    """The gradient of a tensor (or a packed tensor's half) in a backward op: grad_<name>."""
+    return f"grad_{name}"
+
+
+def differentiable(expr: sp.Expr) -> sp.Expr:
+    """The expression with its roundings dropped and its logistic terms written as sigmoid."""
+
+    def logistic(e) -> bool:
+        if not (e.is_Pow and e.exp == -1 and e.base.is_Add and len(e.base.args) == 2):
+            return False
+        one, rest = sorted(e.base.args, key=lambda a: not a.is_Number)
+        return one == 1 and isinstance(rest, sp.exp)
+
+    def as_sigmoid(e):
+        rest = next(a for a in e.base.args if isinstance(a, sp.exp))
+        return sigmoid(-rest.args[0])
+
+    return expr.replace(to_io_dtype, lambda a: a).replace(logistic, as_sigmoid)
+
+
+def _step(u: sp.Expr) -> sp.Expr:
+    """Heaviside(u) as a printable conditional: ½ at 0, so max(x, y) splits a tie's gradient as torch does."""
+    return sp.Piecewise((1, u > 0), (sp.Rational(1, 2), sp.Eq(u, 0)), (0, True))
+
+
+def derivative(expr: sp.Expr, symbol: str) -> sp.Expr:
+    """∂expr/∂symbol over the reals, in functions the CUDA printer knows: |u|' = sign(u) and max/min's step
+    become conditionals, floor's derivative is 0 (as autograd's)."""
+    real = {s: sp.Symbol(s.name, real=True) for s in expr.free_symbols}
+    d = sp.diff(differentiable(expr).xreplace(real), sp.Symbol(symbol, real=True))
+    d = d.replace(sp.sign, lambda u: sp.Piecewise((1, u > 0), (-1, u < 0), (0, True))).replace(
+        sp.Heaviside, lambda u, *_: _step(u)
+    )
+    d = d.replace(
+        lambda e: isinstance(e, sp.Derivative) and isinstance(e.expr, sp.floor), lambda e: sp.S.Zero
+    )
+    return d.xreplace({r: s for s, r in real.items()} | {sp.Symbol(symbol, real=True): sp.Symbol(symbol)})
+
+
+def vjp(outputs: dict[str, sp.Expr], wrt: list[str]) -> dict[str, sp.Expr]:
+    """For each symbol in ``wrt``, Σ over outputs of grad_<output> · ∂output/∂symbol."""
+    return {
+        gradient_name(v): sp.Add(
+            *(sp.Symbol(gradient_name(o)) * derivative(e, v) for o, e in outputs.items())
+        )
+        for v in wrt
+    }
+
+
+def backward_reference(forward: OpSpec):
+    """The backward's float64 reference: autograd of the forward's reference, called with the forward's
+    inputs, then one incoming gradient per output, then the params (positionally or by name), and
+    ``convention``. Returns the gradient of every input (zeros where an input does not reach the outputs)."""
+    n_inputs, n_outputs = len(forward.inputs), len(forward.outputs)
+    reference = forward.reference
+    takes_convention = "convention" in inspect.signature(reference).parameters
+
+    def backward_reference(*args, convention=None, **params):
+        import torch
+
+        inputs = [t.detach().double().requires_grad_() for t in args[:n_inputs]]
+        grads = [g.double() for g in args[n_inputs : n_inputs + n_outputs]]
+        extra = {"convention": convention} if takes_convention and convention is not None else {}
+        with torch.enable_grad():
+            outs = reference(*inputs, *args[n_inputs + n_outputs :], **params, **extra)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            found = torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+        return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found))
+
+    return backward_reference

@@ -1,0 +1,190 @@
+"""Backward ops derived from the specs, on the CPU: the derived math against float64 autograd of each
+reference, the rewrites that keep derivatives finite and printable, packed outputs in the DSL, and what a
+project with a backward holds. The kernels themselves run in test_backward_gpu."""
+
+from __future__ import annotations
+
+import pytest
+import sympy as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kgen.autodiff import derivative, differentiable, vjp
+from kgen.builder import kernel_sources, render_target, write_project
+from kgen.catalog import load_spec, op_names
+from kgen.check import check
+from kgen.codegen import CudaPrinter, evaluate
+from kgen.dsl import Convention, OpSpec, Tensor, sigmoid, to_io_dtype
+from kgen.families import family_of
+from kgen.families.elementwise import Elementwise
+from kgen.families.row_reduce import Reduction, RowReduce, row_sum
+from kgen.project import resolve_target
+
+DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
+
+
+def test_every_elementwise_op_has_a_derived_backward_and_no_other_yet():
+    kinds = {op: load_spec(op).structure.kind for op in op_names()}
+    assert DIFFERENTIATED == [op for op, kind in kinds.items() if kind == "elementwise"]
+    assert len(DIFFERENTIATED) >= 4
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_derived_math_matches_autograd_of_the_reference(seed):
+    """`kgen check` evaluates each backward convention's derived expressions (float64, from float32 and
+    bfloat16 inputs) against torch.autograd through the forward's float64 reference."""
+    for op in DIFFERENTIATED:
+        results = [r for r in check(op, seed) if r.op == f"{op}_backward"]
+        assert len(results) == 2 * len(load_spec(op).structure.conventions)
+        assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+def test_check_catches_a_wrong_derivative(monkeypatch):
+    """The comparison can fail: a backward whose math is off by a factor is reported."""
+    spec = load_spec("silu_mul")
+    real = family_of(spec).backward(spec)
+    wrong = real.structure.model_copy(
+        update={
+            "conventions": [
+                c.model_copy(update={"outputs": {k: 1.01 * v for k, v in c.outputs.items()}})
+                for c in real.structure.conventions
+            ]
+        }
+    )
+    monkeypatch.setattr(
+        type(family_of(spec)), "backward", lambda self, s: real.model_copy(update={"structure": wrong})
+    )
+    assert not all(r.ok for r in check("silu_mul") if r.op == "silu_mul_backward")
+
+
+def test_logistic_terms_become_sigmoid_and_stay_finite():
+    x = sp.Symbol("x")
+    silu = x / (1 + sp.exp(-x))
+    assert differentiable(silu) == x * sigmoid(x)
+    assert differentiable(to_io_dtype(silu) * 2) == 2 * x * sigmoid(x)
+    d = derivative(silu, "x")
+    values = torch.tensor([-1e4, -200.0, -88.5, -10.0, 0.0, 3.0, 100.0, 1e4], dtype=torch.float32)
+    got = evaluate(d, {"x": values}, None)
+    want = torch.func.vmap(torch.func.grad(lambda v: torch.nn.functional.silu(v)))(values.double())
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-30)
+    # the naive derivative of the same expression overflows to inf / inf = nan in fp32
+    naive = sp.diff(silu, x)
+    assert torch.isnan(evaluate(naive, {"x": torch.tensor([-100.0])}, None)).all()
+
+
+@pytest.mark.parametrize(
+    "expr, at, want",
+    [
+        (sp.Abs(sp.Symbol("x")), [-2.0, 0.0, 3.0], [-1.0, 0.0, 1.0]),  # torch's abs gradient: sign, 0 at 0
+        (sp.Max(sp.Symbol("x"), 1), [0.0, 1.0, 2.0], [0.0, 0.5, 1.0]),  # a tie splits, as torch.maximum
+        (sp.floor(sp.Symbol("x")), [0.5, 1.5], [0.0, 0.0]),
+    ],
+)
+def test_derivatives_of_kinks_are_printable_conditionals(expr, at, want):
+    d = derivative(expr, "x")
+    CudaPrinter({}).doprint(d)  # no sign, Heaviside or Derivative left to print
+    got = evaluate(d, {"x": torch.tensor(at, dtype=torch.float64)}, None)
+    assert torch.broadcast_to(torch.as_tensor(got, dtype=torch.float64), (len(at),)).tolist() == want
+
+
+def test_vjp_sums_over_outputs():
+    x, y = sp.symbols("x y")
+    grads = vjp({"a": x * y, "b": x**2}, ["x", "y"])
+    assert sp.simplify(grads["grad_x"] - (sp.Symbol("grad_a") * y + 2 * x * sp.Symbol("grad_b"))) == 0
+    assert sp.simplify(grads["grad_y"] - sp.Symbol("grad_a") * x) == 0
+
+
+def packed_spec(**structure) -> OpSpec:
+    h, g = sp.symbols("h gate")
+    return OpSpec(
+        name="swap",
+        summary="swaps the halves",
+        tensors=[
+            Tensor(name="x", dims="*rows 2*hidden", halves=("h", "gate")),
+            Tensor(name="y", dims="*rows 2*hidden", role="output", halves=("a", "b")),
+        ],
+        structure=Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"a": g, "b": h})]),
+        reference=lambda x: torch.cat(x.double().chunk(2, -1)[::-1], -1),
+        **structure,
+    )
+
+
+def test_a_packed_output_is_assigned_by_its_halves():
+    spec = packed_spec()
+    assert spec.output_values == ["a", "b"]
+    x = torch.randn(3, 8, dtype=torch.float64)
+    (out,) = family_of(spec).evaluate(spec, [x], [], "plain")
+    torch.testing.assert_close(out, spec.reference(x))
+    with pytest.raises(ValueError, match=r"expected one expression for each of \['a', 'b'\]"):
+        OpSpec(
+            **packed_spec().__dict__
+            | {
+                "structure": Elementwise(
+                    conventions=[Convention(name="p", matches="-", outputs={"y": sp.Symbol("h")})]
+                )
+            }
+        )
+    with pytest.raises(ValueError, match="inplace"):
+        packed_spec(inplace={"y": "x"})
+
+
+def test_only_elementwise_ops_take_packed_outputs():
+    x = sp.Symbol("x")
+    with pytest.raises(ValueError, match=r"row_reduce ops take tensors of dims"):
+        OpSpec(
+            name="bad",
+            summary="-",
+            tensors=[
+                Tensor(name="x", dims="*rows hidden"),
+                Tensor(name="y", dims="*rows 2*hidden", role="output", halves=("a", "b")),
+            ],
+            structure=RowReduce(
+                reductions=[Reduction(stat="s", summand=x, finalize=row_sum)],
+                conventions=[Convention(name="c", matches="-", outputs={"a": x, "b": x})],
+            ),
+            reference=lambda x: x,
+        )
+
+
+def test_a_project_holds_its_backward():
+    files = render_target(resolve_target("geglu", "sm_90"))
+    assert {"geglu_cuda/geglu_backward.cu", "geglu_cuda/geglu_backward.h"} <= set(files)
+    assert (
+        "__global__ void __launch_bounds__(BLOCK_THREADS)\ngeglu_backward_kernel("
+        in files["geglu_cuda/geglu_backward.cu"]
+    )
+    binding, init = files["torch-ext/torch_binding.cpp"], files["torch-ext/geglu_sm90/__init__.py"]
+    for convention in load_spec("geglu").structure.conventions:
+        suffix = load_spec("geglu").variant(convention.name).removeprefix("geglu")
+        assert f'ops.impl("geglu{suffix}", torch::kAutograd, &geglu{suffix}_autograd);' in binding
+        assert f'"geglu_backward{suffix}"' in binding  # the backward each convention's autograd calls
+        assert f'_register_fake("geglu_backward{suffix}", _geglu_backward_fake)' in init
+    # the backward itself has no derivative (no double backward): it raises instead of warning
+    assert (
+        'ops.impl("geglu_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
+        in binding
+    )
+    assert (
+        "has_backward: bool = True"
+        in render_target(resolve_target("silu_mul", "sm_90"))["torch-ext/silu_mul_sm90/layers.py"]
+    )
+    rmsnorm = render_target(resolve_target("rmsnorm", "sm_90"))
+    assert "_autograd" not in rmsnorm["torch-ext/torch_binding.cpp"]
+    assert (
+        'ops.impl("rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
+        in (rmsnorm["torch-ext/torch_binding.cpp"])
+    )
+    assert "has_backward: bool = False" in rmsnorm["torch-ext/rmsnorm_sm90/layers.py"]
+
+
+def test_build_toml_lists_every_kernel_of_each_arch(tmp_path):
+    from kgen.project import resolve_multi_target
+
+    project = write_project(resolve_multi_target("silu_mul", ["sm_80", "sm_90"]), tmp_path)
+    assert kernel_sources(project) == {
+        "8.0": ["silu_mul_cuda/silu_mul_sm_80.cu", "silu_mul_cuda/silu_mul_backward_sm_80.cu"],
+        "9.0": ["silu_mul_cuda/silu_mul_sm_90.cu", "silu_mul_cuda/silu_mul_backward_sm_90.cu"],
+    }

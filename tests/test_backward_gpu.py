@@ -1,0 +1,241 @@
+"""The derived backward kernels on the GPU, for every op whose family derives one: gradients through
+autograd against float64 autograd of the spec's reference (hypothesis over shapes, dtypes, conventions,
+magnitudes and the incoming gradient's layout), no worse than the library's own eager autograd in the same
+dtype; opcheck with inputs that require grad; a compiled training step (fullgraph); activation
+checkpointing; a zero-stride gradient from .sum(); NaN staying where it was; run-to-run identity. A new op
+of such a family is covered by its spec alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import refused
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kgen.bench import example_inputs
+from kgen.catalog import load_spec, op_names
+from kgen.families import family_of
+
+pytestmark = pytest.mark.gpu
+
+OPS = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def backward_spec(op):
+    spec = load_spec(op)
+    return family_of(spec).backward(spec)
+
+
+@pytest.fixture(scope="module")
+def libraries(built):
+    return {op: built(op)[1] for op in OPS}
+
+
+def leaves(op, shape, dtype, gen, magnitude=1.0):
+    return [
+        t.requires_grad_()
+        for t in example_inputs(load_spec(op), shape, dtype, generator=gen, magnitude=magnitude)
+    ]
+
+
+def expected_grads(op, inputs, grads, convention):
+    return backward_spec(op).reference(*inputs, *grads, convention=convention)
+
+
+def library_grads(op, inputs, grads, want):
+    """The gradients of the most accurate peer installed (the libraries the op replaces) under eager
+    autograd, in the inputs' dtype."""
+    best, best_error = None, float("inf")
+    for peer in load_spec(op).peers.values():
+        leaves_ = [t.detach().clone().requires_grad_() for t in inputs]
+        try:
+            found = torch.autograd.grad(peer(*leaves_), leaves_, grads)
+        except (ImportError, RuntimeError):  # Liger: not installed, or its backward refuses 3-d inputs
+            continue
+        error = max(
+            ((f.double() - w).abs().nan_to_num(0).max().item() for f, w in zip(found, want)), default=0
+        )
+        if error < best_error:
+            best, best_error = found, error
+    return best
+
+
+ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def assert_close_to_reference(op, got, want, library, dtype):
+    """Each gradient's largest error is at most twice the library's own, over the elements where the
+    library's result is finite (the kernel rounds each gradient once from fp32 math; the library rounds its
+    intermediates too, and 2 covers the worst element where two of its roundings happen to cancel), plus
+    two unit roundoffs of the dtype times the largest gradient (one rounding of the result, where the
+    library's error is smaller)."""
+    for name, g, w, lib in zip((t.name for t in load_spec(op).inputs), got, want, library):
+        assert g.shape == w.shape and g.dtype == dtype, name
+        assert torch.equal(torch.isnan(g), torch.isnan(w)), (
+            f"{op} grad {name}: unwritten (poisoned) or stray NaN"
+        )
+        # beyond the dtype's range the gradient overflows to ±inf (or rounds to ±max), as the library's does
+        top = torch.finfo(dtype).max
+        beyond = torch.isfinite(w) & (w.abs() > top)
+        assert ((g.abs() >= top) & (g.sign() == w.sign()))[beyond].all(), f"{op} grad {name}: overflow"
+        finite = torch.isfinite(w) & ~beyond
+        if not finite.any():
+            continue
+        error = (g.double() - w).abs()[finite]
+        both = finite & torch.isfinite(lib)
+        library_error = (lib.double() - w).abs()[both].max().item() if both.any() else 0.0
+        allowed = 2 * library_error + 2 * ROUNDOFF[dtype] * w.abs()[finite].max().item()
+        assert error.max().item() <= allowed, (
+            f"{op} grad {name} ({dtype}): worst error {error.max().item():.3g}, allowed {allowed:.3g} "
+            f"(the library's {library_error:.3g})"
+        )
+
+
+def poison(numel, dtype):
+    blocks = [torch.full((numel,), float("nan"), dtype=dtype, device="cuda") for _ in range(4)]
+    del blocks
+
+
+GRAD_LAYOUTS = {
+    "contiguous": lambda g: g,
+    "transposed": lambda g: (
+        g.t().contiguous().t() if g.dim() == 2 else g
+    ),  # column-major: copied by the binding
+    "row-strided": lambda g: torch.cat([g, g[..., :1]], dim=-1)[..., :-1],  # a view with a padded row stride
+}
+
+
+@st.composite
+def cases(draw):
+    op = draw(st.sampled_from(OPS))
+    hidden = draw(
+        st.one_of(st.integers(1, 70), st.sampled_from([127, 128, 4095, 4096, 8192]), st.integers(70, 20000))
+    )
+    rows = draw(st.integers(1, max(1, min(2048, 1_000_000 // hidden))))
+    return dict(
+        op=op,
+        shape=(rows, hidden),
+        dtype=draw(st.sampled_from(DTYPES)),
+        convention=draw(st.sampled_from([c.name for c in load_spec(op).structure.conventions])),
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 8.0, 1e4])),
+        layout=draw(st.sampled_from(list(GRAD_LAYOUTS))),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_gradients_match_float64_autograd(libraries, case):
+    op, dtype, convention = case["op"], case["dtype"], case["convention"]
+    if refused(dtype):
+        return  # the forward refuses the dtype (test_ops_gpu checks the refusal)
+    gen = torch.Generator(device="cuda").manual_seed(case["seed"])
+    inputs = leaves(op, case["shape"], dtype, gen, case["magnitude"])
+    out = getattr(libraries[op], op)(*inputs, convention=convention)
+    grad = GRAD_LAYOUTS[case["layout"]](torch.randn(out.shape, generator=gen, device="cuda").to(dtype))
+    poison(inputs[0].numel(), dtype)
+    got = torch.autograd.grad(out, inputs, grad)
+    want = expected_grads(op, inputs, [grad], convention)
+    assert_close_to_reference(op, got, want, library_grads(op, inputs, grad, want), dtype)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 3), (5, 7), (3, 4100), (2, 3, 8192)])
+def test_edge_shapes_every_convention(libraries, op, dtype, shape):
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape))
+    inputs = leaves(op, shape, dtype, gen)
+    for convention in (c.name for c in load_spec(op).structure.conventions):
+        out = getattr(libraries[op], op)(*inputs, convention=convention)
+        grad = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
+        poison(inputs[0].numel(), dtype)
+        got = torch.autograd.grad(out, inputs, grad)
+        want = expected_grads(op, inputs, [grad], convention)
+        assert_close_to_reference(op, got, want, library_grads(op, inputs, grad, want), dtype)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_zero_stride_gradient_from_sum(libraries, op):
+    """out.sum().backward() hands the backward an expanded (all-zero strides) gradient."""
+    dtype = torch.float32
+    inputs = leaves(op, (33, 520), dtype, torch.Generator(device="cuda").manual_seed(1))
+    getattr(libraries[op], op)(*inputs).sum().backward()
+    ones = torch.ones(33, 520, dtype=dtype, device="cuda")
+    want = expected_grads(op, inputs, [ones], load_spec(op).default_convention)
+    assert_close_to_reference(
+        op, [t.grad for t in inputs], want, library_grads(op, inputs, ones, want), dtype
+    )
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck_with_inputs_that_require_grad(libraries, op):
+    """torch.library.opcheck: schema, fake kernels of forward and backward, the autograd registration and AOT
+    dispatch (which traces the backward)."""
+    spec = load_spec(op)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for convention in spec.structure.conventions:
+        inputs = leaves(op, (4, 264), torch.float32, gen)
+        torch.library.opcheck(getattr(libraries[op].ops, spec.variant(convention.name)), inputs)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_training_step_has_no_graph_break_and_matches_eager(libraries, op, dtype):
+    if refused(dtype):
+        return
+    torch._dynamo.reset()
+    fn = getattr(libraries[op], op)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    inputs = leaves(op, (64, 1024), dtype, gen)
+    # the loss around the op is exact in both (its gradient is the weight, rounded to the dtype once), so any
+    # difference would be the op's
+    weight = torch.randn(1024, generator=gen, device="cuda").to(dtype).float()
+
+    def step(*args):
+        return (fn(*args).float() * weight).sum()
+
+    eager = torch.autograd.grad(step(*inputs), inputs)
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*inputs), inputs)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_activation_checkpointing(libraries, op):
+    from torch.utils.checkpoint import checkpoint
+
+    fn = getattr(libraries[op], op)
+    inputs = leaves(op, (16, 2048), torch.bfloat16, torch.Generator(device="cuda").manual_seed(5))
+    plain = torch.autograd.grad(fn(*inputs).float().square().sum(), inputs)
+    again = torch.autograd.grad(
+        checkpoint(lambda *a: fn(*a).float().square().sum(), *inputs, use_reentrant=False), inputs
+    )
+    for p, a in zip(plain, again):
+        assert torch.equal(p, a)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_nan_stays_at_its_position_and_runs_repeat_bitwise(libraries, op):
+    fn = getattr(libraries[op], op)
+    inputs = [
+        t.detach()
+        for t in leaves(op, (8, 4096), torch.bfloat16, torch.Generator(device="cuda").manual_seed(6))
+    ]
+    inputs[0][3, 17] = float("nan")
+    inputs = [t.requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    grad = torch.ones_like(out)
+    first = torch.autograd.grad(out, inputs, grad, retain_graph=True)
+    second = torch.autograd.grad(out, inputs, grad)
+    want = expected_grads(op, inputs, [grad], load_spec(op).default_convention)
+    for f, s, w in zip(first, second, want):
+        assert torch.equal(f.isnan(), w.isnan()) and f.isnan().any()
+        assert torch.equal(f.view(torch.int16), s.view(torch.int16))
+
+
+def test_layers_say_they_have_a_backward(libraries):
+    for op in OPS:
+        for layer in load_spec(op).layers:
+            assert getattr(libraries[op].layers, layer.name).has_backward is True
