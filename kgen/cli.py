@@ -58,7 +58,9 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 @app.command("list")
 @_user_errors
 def list_cmd() -> None:
-    """Show the ops and the arch profiles."""
+    """Show the ops (with whether kgen derives their backward) and the arch profiles."""
+    from .bench import has_backward
+
     rows = []
     for name in op_names():
         spec = load_spec(name)
@@ -68,9 +70,10 @@ def list_cmd() -> None:
                 spec.summary,
                 ", ".join(c.name for c in spec.structure.conventions),
                 ", ".join(layer.name for layer in spec.layers) or "-",
+                "derived" if has_backward(name) else "-",
             ]
         )
-    _table("ops", ["op", "summary", "conventions (first = default)", "layers"], rows)
+    _table("ops", ["op", "summary", "conventions (first = default)", "layers", "backward"], rows)
     rows = []
     for name in arch_names():
         p = load_profile(name)
