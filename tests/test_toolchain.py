@@ -209,3 +209,32 @@ def test_changed_source_gets_a_new_library(cpu_built, tmp_path):
     cu.write_text(cu.read_text() + "\n// changed\n")
     assert ops_name(moved, target.python_name, flags) != before
     assert ops_name(moved, target.python_name, ["-O2"]) != ops_name(moved, target.python_name, flags)
+
+
+def test_autograd_in_the_binding_on_meta_tensors(cpu_built, tmp_path):
+    """The C++ autograd kernels, without a GPU: meta tensors run the fake kernels under them. A derived
+    backward (silu_mul) gives each input a gradient of its shape and passes opcheck with inputs that
+    require grad; an op without one (rmsnorm) raises on backprop instead of PyTorch's default warning, and
+    a backward itself has no derivative either."""
+    from kgen.builder import build_project
+
+    target = resolve_target("silu_mul", "sm_90", ["bfloat16"])
+    project = write_project(target, tmp_path)
+    build_project(project, target)
+    silu_mul = load(project)
+    x, up = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
+    for convention in silu_mul.CONVENTIONS:
+        out = silu_mul.silu_mul(x, up, convention=convention)
+        grads = torch.autograd.grad(out.sum(), [x, up], create_graph=True)
+        assert [g.shape for g in grads] == [x.shape, up.shape]
+        with pytest.raises(RuntimeError, match="derivative for .*silu_mul_backward.* is not implemented"):
+            torch.autograd.grad(grads[0].sum(), [x])
+        torch.library.opcheck(
+            getattr(silu_mul.ops, load_spec("silu_mul").variant(convention)).default, (x, up)
+        )
+    rmsnorm = load(cpu_built[1])
+    y = torch.randn(4, 40, device="meta", requires_grad=True)
+    with pytest.raises(RuntimeError, match="derivative for .*rmsnorm is not implemented"):
+        rmsnorm.rmsnorm(y).sum().backward()
+    with torch.no_grad():
+        assert rmsnorm.rmsnorm(y).shape == y.shape
