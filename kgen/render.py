@@ -359,9 +359,9 @@ def render_project(units: list[Unit], spec_hash: str, name: str | None = None) -
             ) from err
 
     backward = contexts[1] if len(contexts) > 1 else None
-    if backward and (len(contexts[0]["outputs"]) > 1 or contexts[0]["optional_inputs"]):
+    if backward and contexts[0]["optional_inputs"]:
         raise BuildError(
-            f"{op}: a backward for an op with several outputs or optional inputs is not supported yet"
+            f"{op}: a family derived a backward for an op with optional inputs, which is not supported yet"
         )
     ctx = contexts[0] | {
         "units": contexts,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,3 +239,27 @@ def test_autograd_in_the_binding_on_meta_tensors(cpu_built, tmp_path):
         rmsnorm.rmsnorm(y).sum().backward()
     with torch.no_grad():
         assert rmsnorm.rmsnorm(y).shape == y.shape
+
+
+def test_autograd_of_an_op_with_two_outputs_on_meta_tensors(tmp_path, monkeypatch):
+    """A derived backward for several outputs (tests/backward_ops/pair_ops.py): the binding's autograd returns
+    both, and an output that receives no gradient counts as zeros."""
+    from kgen.builder import build_project
+    from kgen.catalog import load_spec as loader
+
+    monkeypatch.setenv("KGEN_OPS_PATH", str(Path(__file__).parent / "backward_ops"))
+    loader.cache_clear()
+    try:
+        target = resolve_target("pair_ops", "sm_90", ["bfloat16"])
+        project = write_project(target, tmp_path)
+        build_project(project, target)
+    finally:
+        loader.cache_clear()
+    pair = load(project)
+    x, y = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
+    prod, total = pair.pair_ops(x, y)
+    assert [g.shape for g in torch.autograd.grad((prod + total).sum(), [x, y], retain_graph=True)] == [
+        x.shape
+    ] * 2
+    assert [g.shape for g in torch.autograd.grad(prod.sum(), [x, y])] == [x.shape] * 2
+    torch.library.opcheck(pair.ops.pair_ops.default, (x, y))

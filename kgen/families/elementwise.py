@@ -142,8 +142,11 @@ class ElementwiseFamily(RowsFamily):
         """Elementwise again: each input's gradient at a position from the inputs and the outputs'
         gradients at that position, the vector-Jacobian product of each convention's expressions
         (kgen.autodiff). The inputs are read again, not saved twice; a packed input's gradient is packed
-        the same way. None where a derivative has no CUDA form (a function sympy cannot differentiate in
-        closed form) or a gradient's name (grad_<input>) is taken."""
+        the same way. None (backprop then raises) for an op with optional inputs (not supported yet), where
+        a derivative has no CUDA form (a function sympy cannot differentiate in closed form) or a gradient's
+        name (grad_<input>) is taken."""
+        if any(t.optional for t in spec.inputs):
+            return None
         try:
             return self._backward(spec)
         except ValueError:  # pydantic's ValidationError too: the derived spec is invalid
