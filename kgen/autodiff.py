@@ -12,6 +12,7 @@ against the library-level definition, not against itself."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import sympy as sp
@@ -45,9 +46,11 @@ def _step(u: sp.Expr) -> sp.Expr:
     return sp.Piecewise((1, u > 0), (sp.Rational(1, 2), sp.Eq(u, 0)), (0, True))
 
 
+@functools.lru_cache(maxsize=4096)
 def derivative(expr: sp.Expr, symbol: str) -> sp.Expr:
     """∂expr/∂symbol over the reals, in functions the CUDA printer knows: |u|' = sign(u) and max/min's step
-    become conditionals, floor's derivative is 0 (as autograd's)."""
+    become conditionals, floor's derivative is 0 (as autograd's). Cached: every build, check and listing of
+    an op derives its backward again, from the same expressions."""
     real = {s: sp.Symbol(s.name, real=True) for s in expr.free_symbols}
     d = sp.diff(differentiable(expr).xreplace(real), sp.Symbol(symbol, real=True))
     d = d.replace(sp.sign, lambda u: sp.Piecewise((1, u > 0), (-1, u < 0), (0, True))).replace(

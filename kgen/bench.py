@@ -200,7 +200,8 @@ def run_bench(
         )
         del outputs
         same_copy = timer.copy_us(min_bytes)
-        fns = {"kgen": lambda: kernel(*inputs, *params)}
+        # every implementation, called with the inputs (params bound)
+        calls = {"kgen": lambda *a: kernel(*a, *params)}
         for name, fn in list(peers.items()):
             try:
                 fn(*inputs, *params)
@@ -208,26 +209,24 @@ def run_bench(
                 console.print(f"skipping peer {name!r}: {err}")
                 peers.pop(name)
                 continue
-            fns[name] = lambda fn=fn: fn(*inputs, *params)
+            calls[name] = lambda *a, fn=fn: fn(*a, *params)
         if compiled_name:
             # A fresh compile per shape (dynamic=False: a kernel specialised to it, torch.compile's best
             # case) whose guards see one entry: reusing one compiled function across the suite piled up
             # recompiled entries and its host overhead showed in the timings.
             torch._dynamo.reset()
             compiled = torch.compile(next(iter(spec.peers.values())), dynamic=False)
-            fns[compiled_name] = lambda: compiled(*inputs, *params)
+            calls[compiled_name] = lambda *a: compiled(*a, *params)
         both = {}
         if backward:
-            calls = {"kgen": lambda *a: kernel(*a, *params)}
-            calls |= {name: lambda *a, fn=peers[name]: fn(*a, *params) for name in fns if name in peers}
-            if compiled_name:
-                calls[compiled_name] = lambda *a: compiled(*a, *params)
             fns, both = autograd_timings(
                 torch,
                 calls,
                 inputs,
                 lambda name, err: console.print(f"skipping {name!r} (backward failed: {err})"),
             )
+        else:
+            fns = {name: lambda call=call: call(*inputs) for name, call in calls.items()}
         per_round = timer.rounds_us(fns | {f"{name} fwd+bwd": fn for name, fn in both.items()}, rounds)
         timer.captured.clear()
         medians = {name: statistics.median(t) for name, t in per_round.items()}

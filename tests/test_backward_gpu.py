@@ -12,6 +12,7 @@ import torch
 from conftest import refused
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_ops_gpu import poison_allocator
 
 from kgen.bench import example_inputs
 from kgen.catalog import load_spec, op_names
@@ -93,11 +94,6 @@ def assert_close_to_reference(op, got, want, library, dtype):
         )
 
 
-def poison(numel, dtype):
-    blocks = [torch.full((numel,), float("nan"), dtype=dtype, device="cuda") for _ in range(4)]
-    del blocks
-
-
 GRAD_LAYOUTS = {
     "contiguous": lambda g: g,
     "transposed": lambda g: (
@@ -135,7 +131,7 @@ def test_gradients_match_float64_autograd(libraries, case):
     inputs = leaves(op, case["shape"], dtype, gen, case["magnitude"])
     out = getattr(libraries[op], op)(*inputs, convention=convention)
     grad = GRAD_LAYOUTS[case["layout"]](torch.randn(out.shape, generator=gen, device="cuda").to(dtype))
-    poison(inputs[0].numel(), dtype)
+    poison_allocator(inputs[0].numel(), dtype, len(inputs))
     got = torch.autograd.grad(out, inputs, grad)
     want = expected_grads(op, inputs, [grad], convention)
     assert_close_to_reference(op, got, want, library_grads(op, inputs, grad, want), dtype)
@@ -150,7 +146,7 @@ def test_edge_shapes_every_convention(libraries, op, dtype, shape):
     for convention in (c.name for c in load_spec(op).structure.conventions):
         out = getattr(libraries[op], op)(*inputs, convention=convention)
         grad = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
-        poison(inputs[0].numel(), dtype)
+        poison_allocator(inputs[0].numel(), dtype, len(inputs))
         got = torch.autograd.grad(out, inputs, grad)
         want = expected_grads(op, inputs, [grad], convention)
         assert_close_to_reference(op, got, want, library_grads(op, inputs, grad, want), dtype)
