@@ -1,10 +1,11 @@
 """Gradients of spec math: what a family derives an op's backward from.
 
 Each convention's output expressions are differentiated by sympy (vector-Jacobian products: the incoming
-gradient of every output times the output's partial derivative, summed). Two rewrites come first:
-- a rounding to the I/O dtype (`to_io_dtype`) differentiates as the identity, as autograd treats the cast a
-  library performs (the float64 reference of a rounding convention goes through `.to(dtype)` the same way);
-- ``1 / (1 + exp(-u))`` becomes ``sigmoid(u)``, whose derivative s·(1 - s) stays finite where exp(-u)
+gradient of every output times the output's partial derivative, summed). A rounding to the I/O dtype
+(`to_io_dtype`) differentiates as the identity, as autograd treats the cast a library performs (the float64
+reference of a rounding convention goes through `.to(dtype)` the same way), and a rounded value a derivative
+keeps stays rounded, as the tensor the library saves. One rewrite comes first:
+``1 / (1 + exp(-u))`` becomes ``sigmoid(u)``, whose derivative s·(1 - s) stays finite where exp(-u)
   overflows (SiLU's derivative written from x / (1 + exp(-x)) is inf / inf for x < -88 in fp32).
 
 The backward's float64 reference is autograd through the forward's reference, so the derived math is checked
@@ -17,7 +18,7 @@ import inspect
 
 import sympy as sp
 
-from .dsl import OpSpec, sigmoid, to_io_dtype
+from .dsl import OpSpec, sigmoid
 
 
 def gradient_name(name: str) -> str:
@@ -26,7 +27,7 @@ def gradient_name(name: str) -> str:
 
 
 def differentiable(expr: sp.Expr) -> sp.Expr:
-    """The expression with its roundings dropped and its logistic terms written as sigmoid."""
+    """The expression with its logistic terms written as sigmoid."""
 
     def logistic(e) -> bool:
         if not (e.is_Pow and e.exp == -1 and e.base.is_Add and len(e.base.args) == 2):
@@ -38,7 +39,7 @@ def differentiable(expr: sp.Expr) -> sp.Expr:
         rest = next(a for a in e.base.args if isinstance(a, sp.exp))
         return sigmoid(-rest.args[0])
 
-    return expr.replace(to_io_dtype, lambda a: a).replace(logistic, as_sigmoid)
+    return expr.replace(logistic, as_sigmoid)
 
 
 def _step(u: sp.Expr) -> sp.Expr:
@@ -72,24 +73,37 @@ def vjp(outputs: dict[str, sp.Expr], wrt: list[str]) -> dict[str, sp.Expr]:
     }
 
 
-def backward_reference(forward: OpSpec):
-    """The backward's float64 reference: autograd of the forward's reference, called with the forward's
-    inputs, then one incoming gradient per output, then the params (positionally or by name), and
-    ``convention``. Returns the gradient of every input (zeros where an input does not reach the outputs)."""
-    n_inputs, n_outputs = len(forward.inputs), len(forward.outputs)
+def backward_reference(forward: OpSpec, order: list[str] | None = None):
+    """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
+    inputs in ``order`` (their names: the forward's inputs and one incoming gradient per output,
+    ``grad_<output>``; by default the forward's inputs, then the gradients), then the params (positionally or
+    by name), and ``convention``. Returns the gradient of every input in the forward's order (zeros where an
+    input does not reach the outputs; an empty tensor for an absent optional input)."""
+    names = [t.name for t in forward.inputs]
+    grads = [gradient_name(t.name) for t in forward.outputs]
+    order = order or names + grads
     reference = forward.reference
     takes_convention = "convention" in inspect.signature(reference).parameters
 
     def backward_reference(*args, convention=None, **params):
         import torch
 
-        inputs = [t.detach().double().requires_grad_() for t in args[:n_inputs]]
-        grads = [g.double() for g in args[n_inputs : n_inputs + n_outputs]]
+        given = dict(zip(order, args))
+        inputs = [None if given[n] is None else given[n].detach().double().requires_grad_() for n in names]
+        incoming = [given[g].double() for g in grads]
         extra = {"convention": convention} if takes_convention and convention is not None else {}
         with torch.enable_grad():
-            outs = reference(*inputs, *args[n_inputs + n_outputs :], **params, **extra)
+            outs = reference(*inputs, *args[len(order) :], **params, **extra)
             outs = outs if isinstance(outs, tuple) else (outs,)
-            found = torch.autograd.grad(outs, inputs, grads, allow_unused=True)
-        return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found))
+            present = [t for t in inputs if t is not None]
+            found = iter(torch.autograd.grad(outs, present, incoming, allow_unused=True))
+        return tuple(
+            torch.zeros(0, dtype=torch.float64)
+            if t is None
+            else torch.zeros_like(t)
+            if (g := next(found)) is None
+            else g
+            for t in inputs
+        )
 
     return backward_reference

@@ -151,9 +151,14 @@ class sigmoid(sp.Function):
 
 class to_io_dtype(sp.Function):
     """Round an fp32 value to the op's I/O dtype and back: an intermediate rounding
-    that a library performs (e.g. transformers casts before the weight multiply)."""
+    that a library performs (e.g. transformers casts before the weight multiply). It differentiates as the
+    identity, as autograd treats a cast, while its value stays rounded where a derivative keeps it
+    (∂(w·to_io_dtype(u))/∂w = to_io_dtype(u): the rounded tensor the library saves for its backward)."""
 
     nargs = 1
+
+    def fdiff(self, argindex=1):
+        return sp.S.One
 
 
 def _sympy_expr(value: Any) -> sp.Expr:
@@ -263,6 +268,7 @@ class Structure(_Model):
     declares: ClassVar[frozenset[str]] = (
         frozenset()
     )  # identifiers its templates declare beside the spec's names
+    column_outputs: ClassVar[bool] = False  # whether outputs may be 'hidden' (a sum over the rows)
 
     def convention(self, name: str) -> Convention:
         return next(c for c in self.conventions if c.name == name)
@@ -359,9 +365,13 @@ class OpSpec(_Model):
         flags = [t.optional for t in self.inputs]
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
-        if not outputs or any(t.dims not in ("*rows hidden", "*rows 2*hidden") for t in self.outputs):
+        row_outputs = [t for t in self.outputs if t.dims in ("*rows hidden", "*rows 2*hidden")]
+        if not row_outputs or any(
+            t not in row_outputs and not (t.column and structure.column_outputs) for t in self.outputs
+        ):
             raise ValueError(
-                "an op needs '*rows hidden' (or packed '*rows 2*hidden') outputs only, and at least one"
+                "an op needs '*rows hidden' (or packed '*rows 2*hidden') outputs, at least one"
+                + (", and 'hidden' outputs (summed over the rows)" if structure.column_outputs else " only")
             )
         self._check_reference()
         symbols = structure.check(self) | {p.name for p in self.params} | BUILTIN_SYMBOLS
@@ -478,6 +488,15 @@ class OpSpec(_Model):
     @property
     def column_inputs(self) -> list[Tensor]:
         return [t for t in self.inputs if t.column]
+
+    @property
+    def row_outputs(self) -> list[Tensor]:
+        return [t for t in self.outputs if t.per_row]
+
+    @property
+    def column_outputs(self) -> list[Tensor]:
+        """'hidden' outputs: sums over the rows (a structure with ``column_outputs``)."""
+        return [t for t in self.outputs if t.column]
 
     @property
     def lead(self) -> Tensor:

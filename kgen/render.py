@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .autodiff import gradient_name
 from .catalog import data_dir, suite
 from .dsl import OpSpec, Param, Tensor, reference_helpers
 from .errors import BuildError
@@ -84,6 +85,8 @@ class ProjectContext:
     tensors: list[Tensor]
     inputs: list[Tensor]
     outputs: list[Tensor]
+    row_outputs: list[Tensor]
+    column_outputs: list[Tensor]  # 'hidden' outputs, summed over the rows
     row_inputs: list[Tensor]
     column_inputs: list[Tensor]
     broadcast_inputs: list[Tensor]
@@ -258,6 +261,8 @@ def project_context(
         tensors=spec.tensors,
         inputs=spec.inputs,
         outputs=spec.outputs,
+        row_outputs=spec.row_outputs,
+        column_outputs=spec.column_outputs,
         row_inputs=spec.row_inputs,
         column_inputs=spec.column_inputs,
         broadcast_inputs=[t for t in spec.inputs if t.broadcast],
@@ -323,6 +328,25 @@ def project_context(
     )
 
 
+def _backward_call(forward: OpSpec, backward: OpSpec) -> list[str]:
+    """The autograd backward's arguments to the backward op, in its order: each forward input as saved (an
+    absent optional input saved undefined), each output's incoming gradient."""
+    saved = {t.name: i for i, t in enumerate(forward.inputs)}
+    grads = {gradient_name(t.name): i for i, t in enumerate(forward.outputs)}
+    args = []
+    for t in backward.inputs:
+        if t.name in saved:
+            i = saved[t.name]
+            args.append(
+                f"saved[{i}].defined() ? std::optional<torch::Tensor>(saved[{i}]) : std::nullopt"
+                if t.optional
+                else f"saved[{i}]"
+            )
+        else:
+            args.append(f"grads[{grads[t.name]}]")
+    return args
+
+
 def _fields(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
@@ -359,10 +383,8 @@ def render_project(units: list[Unit], spec_hash: str, name: str | None = None) -
             ) from err
 
     backward = contexts[1] if len(contexts) > 1 else None
-    if backward and contexts[0]["optional_inputs"]:
-        raise BuildError(
-            f"{op}: a family derived a backward for an op with optional inputs, which is not supported yet"
-        )
+    if backward:
+        backward = backward | {"call": _backward_call(units[0][0], units[1][0])}
     ctx = contexts[0] | {
         "units": contexts,
         "backward": backward,

@@ -24,10 +24,48 @@ from kgen.project import resolve_target
 DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
 
 
-def test_every_elementwise_op_has_a_derived_backward_and_no_other_yet():
+def test_which_ops_have_a_derived_backward():
+    """Every elementwise op, and the row reductions without a prologue or broadcast inputs (rmsnorm,
+    layernorm); the others not yet."""
     kinds = {op: load_spec(op).structure.kind for op in op_names()}
-    assert DIFFERENTIATED == [op for op, kind in kinds.items() if kind == "elementwise"]
-    assert len(DIFFERENTIATED) >= 4
+    elementwise = [op for op, kind in kinds.items() if kind == "elementwise"]
+    assert set(elementwise) | {"rmsnorm", "layernorm"} == set(DIFFERENTIATED)
+    assert len(elementwise) >= 4
+    assert not {"fused_add_rmsnorm", "adaln_rmsnorm", "rope"} & set(DIFFERENTIATED)
+
+
+def test_rmsnorm_backward_is_the_one_extra_reduction_form():
+    """The derived dx, with the recomputed rstd and the backward sum substituted, is
+    rstd·(w·dy - x̂·mean(x̂·w·dy)) symbolically (two elements, so the sums are explicit); dw = dy·x̂."""
+    spec = load_spec("rmsnorm")
+    back = family_of(spec).backward(spec)
+    assert back.structure.kind == "column_reduce"
+    assert [t.name for t in back.inputs] == ["x", "grad_out", "weight"]
+    assert back.structure.when_given == {"grad_weight": "weight"}
+    x1, x2, g1, g2, w1, w2, eps = sp.symbols("x1 x2 g1 g2 w1 w2 eps", positive=True)
+    scope = {"eps": eps, "inv_hidden": sp.Rational(1, 2)}
+    rows = [{"x": x1, "grad_out": g1, "weight": w1}, {"x": x2, "grad_out": g2, "weight": w2}]
+    for s in back.structure.sums["single_rounding"]:
+        total = sum(s.summand.subs(scope | r) for r in rows)
+        for name, expr in s.finalize.items():
+            scope[name] = expr.subs(scope | {"row_sum": total})
+    outputs = back.structure.convention("single_rounding").outputs
+    rstd = 1 / sp.sqrt((x1**2 + x2**2) / 2 + eps)
+    mean = (x1 * rstd * w1 * g1 + x2 * rstd * w2 * g2) / 2
+    assert sp.simplify(outputs["grad_x"].subs(scope | rows[0]) - rstd * (w1 * g1 - x1 * rstd * mean)) == 0
+    assert sp.simplify(outputs["grad_weight"].subs(scope | rows[0]) - g1 * x1 * rstd) == 0
+
+
+def test_an_absent_weight_gets_no_gradient_in_the_math():
+    spec = load_spec("layernorm")
+    back = family_of(spec).backward(spec)
+    x, dy = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    b = torch.randn(8, dtype=torch.float64)
+    gx, gw, gb = family_of(back).evaluate(back, [x, dy, None, b], [1e-5], "single_rounding")
+    want = back.reference(x, dy, None, b, 1e-5)
+    assert gw.numel() == 0 and want[1].numel() == 0 and gb.shape == (8,)
+    torch.testing.assert_close(gx, want[0])
+    torch.testing.assert_close(gb, want[2])
 
 
 @settings(max_examples=4, deadline=None)
@@ -63,7 +101,8 @@ def test_logistic_terms_become_sigmoid_and_stay_finite():
     x = sp.Symbol("x")
     silu = x / (1 + sp.exp(-x))
     assert differentiable(silu) == x * sigmoid(x)
-    assert differentiable(to_io_dtype(silu) * 2) == 2 * x * sigmoid(x)
+    assert differentiable(to_io_dtype(silu) * 2) == 2 * to_io_dtype(x * sigmoid(x))
+
     d = derivative(silu, "x")
     values = torch.tensor([-1e4, -200.0, -88.5, -10.0, 0.0, 3.0, 100.0, 1e4], dtype=torch.float32)
     got = evaluate(d, {"x": values}, None)
@@ -73,6 +112,13 @@ def test_logistic_terms_become_sigmoid_and_stay_finite():
     # the naive derivative of the same expression overflows to inf / inf = nan in fp32
     naive = sp.diff(silu, x)
     assert torch.isnan(evaluate(naive, {"x": torch.tensor([-100.0])}, None)).all()
+
+
+def test_a_rounding_differentiates_as_the_identity_and_a_kept_rounded_value_stays_rounded():
+    x, w, s = sp.symbols("x w s")
+    out = w * to_io_dtype(x * s)
+    assert derivative(out, "w") == to_io_dtype(x * s)  # what the library saves: the rounded product
+    assert derivative(out, "x") == w * s
 
 
 @pytest.mark.parametrize(
@@ -171,13 +217,16 @@ def test_a_project_holds_its_backward():
         "has_backward: bool = True"
         in render_target(resolve_target("silu_mul", "sm_90"))["torch-ext/silu_mul_sm90/layers.py"]
     )
-    rmsnorm = render_target(resolve_target("rmsnorm", "sm_90"))
-    assert "_autograd" not in rmsnorm["torch-ext/torch_binding.cpp"]
+    fused = render_target(resolve_target("fused_add_rmsnorm", "sm_90"))
+    assert "_autograd" not in fused["torch-ext/torch_binding.cpp"]
     assert (
-        'ops.impl("rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
-        in (rmsnorm["torch-ext/torch_binding.cpp"])
+        'ops.impl("fused_add_rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
+        in (fused["torch-ext/torch_binding.cpp"])
     )
-    assert "has_backward: bool = False" in rmsnorm["torch-ext/rmsnorm_sm90/layers.py"]
+    rmsnorm = render_target(resolve_target("rmsnorm", "sm_90"))
+    assert "has_backward: bool = True" in rmsnorm["torch-ext/rmsnorm_sm90/layers.py"]
+    assert "rmsnorm_cuda/rmsnorm_backward.cu" in rmsnorm  # a column reduction: dx and dweight
+    assert "column_sum_kernel" in rmsnorm["rmsnorm_cuda/rmsnorm_backward.cu"]
 
 
 def test_build_toml_lists_every_kernel_of_each_arch(tmp_path):

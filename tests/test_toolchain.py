@@ -215,8 +215,7 @@ def test_changed_source_gets_a_new_library(cpu_built, tmp_path):
 def test_autograd_in_the_binding_on_meta_tensors(cpu_built, tmp_path):
     """The C++ autograd kernels, without a GPU: meta tensors run the fake kernels under them. A derived
     backward (silu_mul) gives each input a gradient of its shape and passes opcheck with inputs that
-    require grad; an op without one (rmsnorm) raises on backprop instead of PyTorch's default warning, and
-    a backward itself has no derivative either."""
+    require grad; a backward itself has no derivative."""
     from kgen.builder import build_project
 
     target = resolve_target("silu_mul", "sm_90", ["bfloat16"])
@@ -233,12 +232,41 @@ def test_autograd_in_the_binding_on_meta_tensors(cpu_built, tmp_path):
         torch.library.opcheck(
             getattr(silu_mul.ops, load_spec("silu_mul").variant(convention)).default, (x, up)
         )
+
+
+def test_row_reduction_autograd_with_an_optional_weight_on_meta_tensors(cpu_built):
+    """rmsnorm's derived backward (a column reduction): x and the weight get gradients of their shapes, an
+    absent weight none (and its input is not saved), opcheck passes either way; the weight's gradient alone
+    flows when x needs none."""
     rmsnorm = load(cpu_built[1])
-    y = torch.randn(4, 40, device="meta", requires_grad=True)
-    with pytest.raises(RuntimeError, match="derivative for .*rmsnorm is not implemented"):
-        rmsnorm.rmsnorm(y).sum().backward()
+    x = torch.randn(2, 3, 40, device="meta", requires_grad=True)
+    w = torch.randn(40, device="meta", requires_grad=True)
+    for convention in rmsnorm.CONVENTIONS:
+        out = rmsnorm.rmsnorm(x, w, convention=convention)
+        assert [g.shape for g in torch.autograd.grad(out.sum(), [x, w])] == [x.shape, w.shape]
+        (gx,) = torch.autograd.grad(rmsnorm.rmsnorm(x, None, convention=convention).sum(), [x])
+        assert gx.shape == x.shape
+        variant = getattr(rmsnorm.ops, load_spec("rmsnorm").variant(convention)).default
+        torch.library.opcheck(variant, (x, w, 1e-6))
+        torch.library.opcheck(variant, (x, None, 1e-6))
+    (gw,) = torch.autograd.grad(rmsnorm.rmsnorm(x.detach(), w).sum(), [w])
+    assert gw.shape == w.shape
+
+
+def test_an_op_without_a_derived_backward_raises_on_backprop(tmp_path):
+    """fused_add_rmsnorm (a prologue: no derived backward yet) raises on backprop, in place too, instead of
+    PyTorch's default warning and no gradient."""
+    from kgen.builder import build_project
+
+    target = resolve_target("fused_add_rmsnorm", "sm_90", ["bfloat16"])
+    project = write_project(target, tmp_path)
+    build_project(project, target)
+    fused = load(project)
+    x, r = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
+    with pytest.raises(RuntimeError, match="derivative for .*fused_add_rmsnorm is not implemented"):
+        fused.fused_add_rmsnorm(x, r)[0].sum().backward()
     with torch.no_grad():
-        assert rmsnorm.rmsnorm(y).shape == y.shape
+        assert fused.fused_add_rmsnorm(x, r)[0].shape == x.shape
 
 
 def test_autograd_of_an_op_with_two_outputs_on_meta_tensors(tmp_path, monkeypatch):
