@@ -112,9 +112,9 @@ struct Convention_erf_diffusers {
   template <typename T>
   __device__ __forceinline__ static void apply(float h, float gate, float grad_out, const Params& params, float& grad_h_out, float& grad_gate_out) {
     const float t0 = 0.707106781F*gate;
-    const float t1 = (1.0F/2.0F)*erff(t0) + 1.0F/2.0F;
-    grad_h_out = gate*grad_out*t1;
-    grad_gate_out = grad_out*(h*t0*expf(-0.5F*(gate*gate))/sqrtf(3.141592653589793F) + h*t1);
+    const float t1 = erff(t0);
+    grad_h_out = grad_out*round_to_io<T>((1.0F/2.0F)*gate*(t1 + 1));
+    grad_gate_out = grad_out*h*(t0*expf(-0.5F*(gate*gate))/sqrtf(3.141592653589793F) + (1.0F/2.0F)*t1 + 1.0F/2.0F);
   }
 };
 
@@ -123,9 +123,9 @@ struct Convention_tanh_diffusers {
   template <typename T>
   __device__ __forceinline__ static void apply(float h, float gate, float grad_out, const Params& params, float& grad_h_out, float& grad_gate_out) {
     const float t0 = tanhf(0.0356774081F*(gate*gate*gate) + 0.797884561F*gate);
-    const float t1 = (1.0F/2.0F)*t0 + 1.0F/2.0F;
-    grad_h_out = gate*grad_out*t1;
-    grad_gate_out = grad_out*((1.0F/2.0F)*gate*h*(1 - (t0*t0))*(0.107032224F*(gate*gate) + 0.797884561F) + h*t1);
+    const float t1 = (1.0F/2.0F)*gate;
+    grad_h_out = grad_out*round_to_io<T>(t1*(t0 + 1));
+    grad_gate_out = grad_out*h*((1.0F/2.0F)*t0 + t1*(1 - (t0*t0))*(0.107032224F*(gate*gate) + 0.797884561F) + 1.0F/2.0F);
   }
 };
 

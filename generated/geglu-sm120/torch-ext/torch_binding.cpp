@@ -185,7 +185,7 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t convention) {
-    ctx->save_for_backward({x});
+    ctx->save_for_backward({x});  // an absent input: undefined
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op(convention).call(x);
@@ -196,7 +196,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const int64_t convention = ctx->saved_data["convention"].toInt();
     const auto result = backward_op(convention).call(saved[0], grads[0]);
-    return {result, torch::Tensor()};  // the params and the convention get none
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {result, torch::Tensor()};
   }
 };
 

@@ -7,3 +7,8 @@ namespace layernorm_binding {
 // layernorm: convention single_rounding (torch.nn.LayerNorm, torch.nn.functional.layer_norm (fp32 math, one rounding))
 torch::Tensor layernorm(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps);
 }  // namespace layernorm_binding
+
+namespace layernorm_backward_binding {
+// layernorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> layernorm_backward(const torch::Tensor& x, const torch::Tensor& grad_out, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps);
+}  // namespace layernorm_backward_binding

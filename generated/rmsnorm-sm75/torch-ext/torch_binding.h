@@ -9,3 +9,10 @@ torch::Tensor rmsnorm(const torch::Tensor& x, const std::optional<torch::Tensor>
 // rmsnorm_transformers: convention transformers (transformers LlamaRMSNorm / Qwen3RMSNorm: round to x's dtype, then weight ·)
 torch::Tensor rmsnorm_transformers(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps);
 }  // namespace rmsnorm_binding
+
+namespace rmsnorm_backward_binding {
+// rmsnorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& grad_out, const std::optional<torch::Tensor>& weight, double eps);
+// rmsnorm_backward_transformers: convention transformers (the gradient of transformers (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& grad_out, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace rmsnorm_backward_binding

@@ -101,9 +101,9 @@ struct Convention_transformers {
   template <typename T>
   __device__ __forceinline__ static void apply(float gate, float up, float grad_out, const Params& params, float& grad_gate_out, float& grad_up_out) {
     const float t0 = (1.0F / (1.0F + expf(-(gate))));
-    const float t1 = t0*up;
-    grad_gate_out = grad_out*(gate*t1*(1 - t0) + t1);
-    grad_up_out = gate*grad_out*t0;
+    const float t1 = gate*t0;
+    grad_gate_out = grad_out*up*(t0 + t1*(1 - t0));
+    grad_up_out = grad_out*round_to_io<T>(t1);
   }
 };
 

@@ -187,7 +187,7 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& up, int64_t convention) {
-    ctx->save_for_backward({x, up});
+    ctx->save_for_backward({x, up});  // an absent input: undefined
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op(convention).call(x, up);
@@ -198,6 +198,7 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const int64_t convention = ctx->saved_data["convention"].toInt();
     const auto result = backward_op(convention).call(saved[0], saved[1], grads[0]);
+    // One gradient per input (none for an absent one), then none for the params and the convention.
     return {std::get<0>(result), std::get<1>(result), torch::Tensor()};
   }
 };

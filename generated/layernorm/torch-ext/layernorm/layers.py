@@ -12,7 +12,7 @@ class LayerNorm(torch.nn.Module):
     """Replaces torch.nn.LayerNorm; convention single_rounding."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, input) -> torch.Tensor:
         return ops.layernorm(input, self.weight, self.bias, self.eps)

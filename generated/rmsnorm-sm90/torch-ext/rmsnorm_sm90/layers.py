@@ -12,7 +12,7 @@ class RMSNorm(torch.nn.Module):
     """Replaces transformers.models.llama.modeling_llama.LlamaRMSNorm, transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm; convention transformers."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, hidden_states) -> torch.Tensor:
         return ops.rmsnorm_transformers(hidden_states, self.weight, self.variance_epsilon)
