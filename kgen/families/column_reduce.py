@@ -342,6 +342,8 @@ class ColumnReduceFamily(RowsFamily):
         return (32 * atol, rtol) if spec.column_outputs else (atol, rtol)
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
+        import torch
+
         structure, io = spec.structure, io_rounding(inputs[0].dtype)
         values, shape = self.values(spec, inputs, params)
         for s in structure.sums[convention]:
@@ -352,7 +354,7 @@ class ColumnReduceFamily(RowsFamily):
         outputs = structure.convention(convention).outputs
         out = []
         for t in spec.outputs:
-            value = evaluate(outputs[t.name], values, io).expand(shape)
+            value = torch.as_tensor(evaluate(outputs[t.name], values, io), dtype=torch.float64).expand(shape)
             if t.column:
                 given = structure.when_given.get(t.name)
                 absent = given and inputs[[i.name for i in spec.inputs].index(given)] is None
