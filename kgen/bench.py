@@ -163,7 +163,10 @@ def run_bench(
     if backward and graphs:
         raise UsageError("--backward times autograd, which CUDA-graph replays leave out: drop --graphs")
     if backward and not has_backward(op):
-        raise UsageError(f"{op} has no backward kernels yet (kgen derives them for elementwise ops)")
+        raise UsageError(
+            f"{op} has no backward kernels yet (kgen derives them for elementwise ops and for row reductions "
+            "without a prologue or broadcast inputs)"
+        )
     arch = device_arch()
     console.print(f"building {op} for {arch} ...")
     kernel = getattr(load(build_op(op, arch, build_root)), op)

@@ -24,7 +24,8 @@ def test_list():
     for word in ("rmsnorm", "single_rounding, transformers", "RMSNorm", "sm_75", "Tesla T4", "4800 GB/s"):
         assert word in result.output
     rows = {line.split(" | ")[0]: line for line in run("list").output.splitlines() if " | " in line}
-    assert rows["geglu"].endswith(" | derived") and rows["rmsnorm"].endswith(" | -")
+    assert rows["geglu"].endswith(" | derived") and rows["rmsnorm"].endswith(" | derived")
+    assert rows["fused_add_rmsnorm"].endswith(" | -")
 
 
 def test_explain_prints_every_choice_and_the_roofline():

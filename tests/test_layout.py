@@ -9,7 +9,7 @@ from pathlib import Path
 
 KGEN = Path(__file__).resolve().parents[1] / "kgen"
 TEMPLATES = Path(__file__).resolve().parents[1] / "codegen_templates"
-FAMILY_NAMES = ("row_reduce", "elementwise", "rotary")
+FAMILY_NAMES = ("row_reduce", "elementwise", "rotary", "column_reduce")
 
 # module -> the kgen modules it may import
 ALLOWED = {
@@ -21,7 +21,16 @@ ALLOWED = {
     "__init__": set(),
     # the structure families: each owns its DSL node, plan, render context, shapes and templates
     "families.base": {"codegen", "dsl", "profile"},
-    "families.row_reduce": {"codegen", "dsl", "errors", "profile", "families.base"},
+    # a row reduction derives its backward as a column reduction
+    "families.row_reduce": {
+        "codegen",
+        "dsl",
+        "errors",
+        "profile",
+        "families.base",
+        "families.column_reduce",
+    },
+    "families.column_reduce": {"autodiff", "codegen", "dsl", "profile", "families.base"},
     "families.elementwise": {"autodiff", "codegen", "dsl", "profile", "families.base"},
     "families.rotary": {"codegen", "dsl", "profile", "families.base"},
     "families.__init__": {
@@ -31,6 +40,7 @@ ALLOWED = {
         "families.row_reduce",
         "families.elementwise",
         "families.rotary",
+        "families.column_reduce",
     },
     # the core asks the registry (families.__init__) for a spec's family
     "catalog": {"dsl", "errors", "families.__init__", "families.base", "profile"},
@@ -38,6 +48,7 @@ ALLOWED = {
     "project": {"catalog", "dsl", "errors", "planner", "profile"},
     "render": {
         "__init__",
+        "autodiff",
         "catalog",
         "dsl",
         "errors",

@@ -12,19 +12,8 @@ from dataclasses import dataclass
 import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..autodiff import backward_reference, derivative, gradient_name
 from ..codegen import evaluate, statements
-from ..dsl import (
-    BUILTIN_SYMBOLS,
-    Convention,
-    Identifier,
-    OpSpec,
-    Structure,
-    SympyExpr,
-    Tensor,
-    _Model,
-    check_symbols,
-)
+from ..dsl import BUILTIN_SYMBOLS, Identifier, OpSpec, Structure, SympyExpr, _Model, check_symbols
 from ..errors import PlanError
 from ..profile import ArchProfile, TuningTable
 from .base import (
@@ -528,99 +517,12 @@ class RowReduceFamily(RowsFamily):
             or any({str(s) for s in r.finalize.free_symbols} & stats for r in structure.reductions)
         ):
             return None
+        from .column_reduce import backward_of_row_reduction
+
         try:
-            return self._backward(spec)
+            return backward_of_row_reduction(spec, structure.reductions)
         except ValueError:  # pydantic's ValidationError too: the derived spec is invalid
             return None
-
-    def _backward(self, spec: OpSpec) -> OpSpec:
-        from .column_reduce import ColumnReduce, RowSum
-
-        structure, reductions = spec.structure, spec.structure.reductions
-        dy = {t.name: sp.Symbol(gradient_name(t.name)) for t in spec.outputs}
-
-        def slope(stat: str) -> sp.Symbol:
-            return sp.Symbol(f"{stat}_slope")
-
-        def grad_sum(stat: str) -> sp.Symbol:
-            return sp.Symbol(f"grad_sum_{stat}")
-
-        def back_summands(outputs: dict) -> list[sp.Expr]:
-            """Per statistic (in the forward's order), the summand of its backward sum."""
-            summands = [sp.S.Zero] * len(reductions)
-            for k in reversed(range(len(reductions))):
-                stat = reductions[k].stat
-                summands[k] = sp.Add(
-                    *(dy[o] * derivative(e, stat) for o, e in outputs.items()),
-                    *(grad_sum(r.stat) * derivative(r.summand, stat) for r in reductions[k + 1 :]),
-                )
-            return summands
-
-        per_convention = {c.name: back_summands(c.outputs) for c in structure.conventions}
-        needed = [k for k in range(len(reductions)) if any(s[k] != 0 for s in per_convention.values())]
-        sums, conventions = {}, []
-        for c in structure.conventions:
-            forward = [
-                RowSum(
-                    summand=r.summand,
-                    finalize={r.stat: r.finalize, f"{r.stat}_slope": derivative(r.finalize, "row_sum")},
-                )
-                for r in reductions
-            ]
-            backward = [
-                RowSum(
-                    summand=per_convention[c.name][k],
-                    finalize={f"grad_sum_{reductions[k].stat}": row_sum * slope(reductions[k].stat)},
-                )
-                for k in reversed(needed)
-            ]
-            sums[c.name] = forward + backward
-
-            def gradient(v: str) -> sp.Expr:
-                return sp.Add(
-                    *(dy[o] * derivative(e, v) for o, e in c.outputs.items()),
-                    *(grad_sum(reductions[k].stat) * derivative(reductions[k].summand, v) for k in needed),
-                )
-
-            conventions.append(
-                Convention(
-                    name=c.name,
-                    matches=f"the gradient of {c.name} (its roundings to the dtype differentiate as the "
-                    "identity)",
-                    outputs={gradient_name(t.name): gradient(t.name) for t in spec.inputs},
-                )
-            )
-        required = [t for t in spec.inputs if not t.optional]
-        optional = [t for t in spec.inputs if t.optional]
-        incoming = [
-            Tensor(name=gradient_name(t.name), dims=t.dims, doc=f"the gradient of {t.name}")
-            for t in spec.outputs
-        ]
-        return OpSpec(
-            name=f"{spec.name}_backward",
-            summary=f"the gradient of {spec.name} ({spec.summary})",
-            tensors=[
-                *required,
-                *incoming,
-                *optional,
-                *(
-                    Tensor(
-                        name=gradient_name(t.name),
-                        dims=t.dims,
-                        role="output",
-                        doc=f"the gradient of {t.name}",
-                    )
-                    for t in spec.inputs
-                ),
-            ],
-            params=spec.params,
-            structure=ColumnReduce(
-                sums=sums,
-                conventions=conventions,
-                when_given={gradient_name(t.name): t.name for t in optional if t.column},
-            ),
-            reference=backward_reference(spec, [t.name for t in required + incoming + optional]),
-        )
 
     def describe(self, plans: list[RowReducePlan]) -> list[str]:
         lines = ["one configuration per hidden-size bucket; the launcher picks at run time"]
