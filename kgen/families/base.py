@@ -222,6 +222,32 @@ def printed_names(spec: OpSpec) -> dict[str, str]:
     }
 
 
+def element_value(t: Tensor, source: str) -> str:
+    """The fp32 value of tensor t's element j in the access ``source`` (its absent value if None)."""
+    value = f"to_float({source}.v[j])"
+    return f"({t.name} != nullptr ? {value} : {float(t.absent_value)!r}f)" if t.optional else value
+
+
+def bucket_description(plans: list[KernelPlan], line) -> list[str]:
+    """`Family.describe` for plans of hidden-size buckets: the notes, each dtype's buckets (``line(plan,
+    bucket)`` after the bucket's row limit), then the reason behind each bucket's choices (a dtype's own where
+    a tuning table decided differently)."""
+    lines = ["one configuration per hidden-size bucket; the launcher picks at run time"]
+    lines += [f"{key}: {why}" for key, why in plans[0].notes.items()]
+    for kp in plans:
+        lines.append(f"{kp.dtype}:")
+        for b in kp.buckets:
+            limit = f"<= {b.max_row_bytes} B" if b.max_row_bytes else "any size"
+            lines.append(f"  rows {limit}: {line(kp, b)}")
+    reasons = {}
+    for kp in plans:
+        for b in kp.buckets:
+            for key, why in b.reasons.items():
+                key = f"{key} ({b.max_row_bytes or 'any'} B, {b.elems_per_access}/access)"
+                reasons.setdefault(key if reasons.get(key, why) == why else f"{key} {kp.dtype}", why)
+    return lines + ["why:"] + [f"  {key}: {why}" for key, why in reasons.items()]
+
+
 def convention_code(spec: OpSpec, names: dict[str, str], lines=None, prologue=None) -> list[ConventionCode]:
     """Each convention with its outputs printed as `<output>_out = ...;` statements (or ``lines(c)``)."""
     return [
@@ -295,9 +321,10 @@ class RowsFamily(Family):
     @staticmethod
     def kernel_arguments(spec: OpSpec) -> tuple[str, str]:
         """The kernel's tensor parameters and the launcher's matching arguments: pointers, row strides, and
-        the outer strides of broadcast inputs."""
+        the outer strides of broadcast inputs; row outputs only (a family with column outputs adds its
+        own)."""
         params, args = [], []
-        for t in spec.row_inputs + spec.column_inputs + spec.outputs:
+        for t in spec.row_inputs + spec.column_inputs + spec.row_outputs:
             const = "" if t.role == "output" else "const "
             params.append(f"{const}T* __restrict__ {t.name}")
             args.append(f"static_cast<{const}T*>(args.{t.name})")

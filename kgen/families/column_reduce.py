@@ -45,7 +45,9 @@ from .base import (
     LaunchPlan,
     RowsFamily,
     Templates,
+    bucket_description,
     convention_code,
+    element_value,
     io_rounding,
     min_bytes,
     printed_names,
@@ -197,11 +199,6 @@ class ColumnReduceContext(FamilyContext):
     out_args: str
     out_elems: str
     when_given: dict[str, str]
-
-
-def _element(t, source: str) -> str:
-    value = f"to_float({source}.v[j])"
-    return f"({t.name} != nullptr ? {value} : {float(t.absent_value)!r}f)" if t.optional else value
 
 
 class ColumnReduceFamily(RowsFamily):
@@ -377,43 +374,25 @@ class ColumnReduceFamily(RowsFamily):
         return case.shape[-1:] if tensor.column else tuple(case.shape)
 
     def describe(self, plans: list[ColumnReducePlan]) -> list[str]:
-        lines = ["one configuration per hidden-size bucket; the launcher picks at run time"]
-        lines += [f"{key}: {why}" for key, why in plans[0].notes.items()]
-        for kp in plans:
-            lines.append(f"{kp.dtype}:")
-            for b in kp.buckets:
-                limit = f"<= {b.max_row_bytes} B" if b.max_row_bytes else "any size"
-                lines.append(
-                    f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
-                    f"{b.rows_per_block} rows/block, {b.max_accesses_per_thread} accesses/thread, row in "
-                    f"{b.storage}"
-                )
-        reasons = {}
-        for kp in plans:
-            for b in kp.buckets:
-                for key, why in b.reasons.items():
-                    key = f"{key} ({b.max_row_bytes or 'any'} B, {b.elems_per_access}/access)"
-                    reasons.setdefault(key if reasons.get(key, why) == why else f"{key} {kp.dtype}", why)
-        return lines + ["why:"] + [f"  {key}: {why}" for key, why in reasons.items()]
+        return bucket_description(
+            plans,
+            lambda kp, b: (
+                f"{b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
+                f"{b.rows_per_block} rows/block, {b.max_accesses_per_thread} accesses/thread, "
+                f"row in {b.storage}"
+            ),
+        )
 
     def example_cases(self, spec: OpSpec) -> list[Case]:
         return [Case(s) for s in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (1000, 96), (2, 20000)]]
 
     # -- render ----------------------------------------------------------------------------------------------
     def kernel_arguments(self, spec: OpSpec) -> tuple[str, str]:
-        """The tensors' pointers and row strides; a column output is its fp32 partial rows."""
-        params, args = [], []
-        for t in spec.row_inputs + spec.column_inputs + spec.row_outputs:
-            const = "" if t.role == "output" else "const "
-            params.append(f"{const}T* __restrict__ {t.name}")
-            args.append(f"static_cast<{const}T*>(args.{t.name})")
-            if t.per_row:
-                params.append(f"int64_t {t.name}_row_stride")
-                args.append(f"args.{t.name}_row_stride")
-        for t in spec.column_outputs:
-            params.append(f"float* __restrict__ {t.name}_partials")
-            args.append(f"partials[{spec.column_outputs.index(t)}]")
-        return ", ".join(params), ", ".join(args)
+        """The [rows, hidden] layout's, then each column output as its fp32 partial rows."""
+        params, args = super().kernel_arguments(spec)
+        partials = [f"float* __restrict__ {t.name}_partials" for t in spec.column_outputs]
+        slots = [f"partials[{i}]" for i in range(len(spec.column_outputs))]
+        return ", ".join([params, *partials]), ", ".join([args, *slots])
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan]) -> ColumnReduceContext:
         structure = spec.structure
@@ -459,7 +438,7 @@ class ColumnReduceFamily(RowsFamily):
             kernel_params=kernel_params,
             launch_args=launch_args,
             input_args=", ".join(f"float {t.name}" for t in inputs),
-            input_elems=", ".join(_element(t, f"{t.name}_v") for t in inputs),
+            input_elems=", ".join(element_value(t, f"{t.name}_v") for t in inputs),
             out_args=", ".join(f"float& {t.name}_out" for t in spec.outputs),
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
             when_given=structure.when_given,
@@ -491,19 +470,19 @@ def backward_of_row_reduction(spec: OpSpec, reductions: list) -> OpSpec:
 
     per_convention = {c.name: back_summands(c.outputs) for c in structure.conventions}
     needed = [k for k in range(len(reductions)) if any(s[k] != 0 for s in per_convention.values())]
+    forward = [  # the statistics again, with their slopes dF/dS
+        RowSum(
+            summand=r.summand,
+            finalize={r.stat: r.finalize, slope(r.stat).name: derivative(r.finalize, "row_sum")},
+        )
+        for r in reductions
+    ]
     sums, conventions = {}, []
     for c in structure.conventions:
-        forward = [
-            RowSum(
-                summand=r.summand,
-                finalize={r.stat: r.finalize, f"{r.stat}_slope": derivative(r.finalize, "row_sum")},
-            )
-            for r in reductions
-        ]
         backward = [
             RowSum(
                 summand=per_convention[c.name][k],
-                finalize={f"grad_sum_{reductions[k].stat}": row_sum * slope(reductions[k].stat)},
+                finalize={grad_sum(reductions[k].stat).name: row_sum * slope(reductions[k].stat)},
             )
             for k in reversed(needed)
         ]

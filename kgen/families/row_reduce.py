@@ -25,7 +25,9 @@ from .base import (
     LaunchPlan,
     RowsFamily,
     Templates,
+    bucket_description,
     convention_code,
+    element_value,
     io_rounding,
     min_bytes,
     printed_names,
@@ -209,12 +211,6 @@ class RowReduceContext(FamilyContext):
 
 
 _SCRATCH_BYTES = 4 * 1024  # shared memory reserved for the per-warp partial sums of the reductions
-
-
-def _element(t, source: str) -> str:
-    """The fp32 value of tensor t's element j in the access ``source`` (its absent value if None)."""
-    value = f"to_float({source}.v[j])"
-    return f"({t.name} != nullptr ? {value} : {float(t.absent_value)!r}f)" if t.optional else value
 
 
 class RowReduceFamily(RowsFamily):
@@ -525,25 +521,15 @@ class RowReduceFamily(RowsFamily):
             return None
 
     def describe(self, plans: list[RowReducePlan]) -> list[str]:
-        lines = ["one configuration per hidden-size bucket; the launcher picks at run time"]
-        lines += [f"{key}: {why}" for key, why in plans[0].notes.items()]
-        for kp in plans:
-            lines.append(f"{kp.dtype}:")
-            for b in kp.buckets:
-                limit = f"<= {b.max_row_bytes} B" if b.max_row_bytes else "any size"
-                columns = ", weight with the row in one-wave grids" if b.columns_fit else ""
-                lines.append(
-                    f"  rows {limit}: {b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
-                    f"{b.rows_per_block} rows/block, row in {b.storage}{columns}, "
-                    f"{reduction(b, kp.warp_size)}"
-                )
-        reasons = {}
-        for kp in plans:  # a dtype's reasons differ where a tuning table decided
-            for b in kp.buckets:
-                for key, why in b.reasons.items():
-                    key = f"{key} ({b.max_row_bytes or 'any'} B, {b.elems_per_access}/access)"
-                    reasons.setdefault(key if reasons.get(key, why) == why else f"{key} {kp.dtype}", why)
-        return lines + ["why:"] + [f"  {key}: {why}" for key, why in reasons.items()]
+        return bucket_description(
+            plans,
+            lambda kp, b: (
+                f"{b.elems_per_access} elem/access, {b.threads_per_row} threads/row, "
+                f"{b.rows_per_block} rows/block, row in {b.storage}"
+                + (", weight with the row in one-wave grids" if b.columns_fit else "")
+                + f", {reduction(b, kp.warp_size)}"
+            ),
+        )
 
     # -- kgen tune -------------------------------------------------------------------------------------------
     def tunable(self, plan: KernelPlan) -> list[Bucket]:
@@ -599,7 +585,7 @@ class RowReduceFamily(RowsFamily):
             value_args=", ".join(f"float {v}" for v in values),
             values_j=", ".join(f"{v}_f[j]" for v in values),
             prologue_out_args=", ".join(f"float& {v}_out" for v in values),
-            prologue_elems=", ".join(_element(t, f"{t.name}_in") for t in early),
+            prologue_elems=", ".join(element_value(t, f"{t.name}_in") for t in early),
             all_args=", ".join(
                 [f"float {v}" for v in values]
                 + [f"float {t.name}" for t in late]
@@ -608,7 +594,7 @@ class RowReduceFamily(RowsFamily):
             value_elems=", ".join(f"to_float(vals.{v}.v[j])" for v in values),
             epilogue_elems=", ".join(
                 [f"to_float(vals.{v}.v[j])" for v in values]
-                + [_element(t, f"{t.name}_v") for t in late + spec.column_inputs]
+                + [element_value(t, f"{t.name}_v") for t in late + spec.column_inputs]
             ),
             out_args=", ".join(f"float& {t.name}_out" for t in spec.outputs),
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
