@@ -187,10 +187,11 @@ def test_a_project_for_several_archs():
     assert target.kernel_name == "rmsnorm-sm75-sm80-sm90" and target.archs == ["sm_75", "sm_80", "sm_90"]
     files = render_target(target)
     kernels = sorted(p for p in files if p.endswith(".cu"))
-    assert kernels == [f"rmsnorm_cuda/rmsnorm_sm_{a}.cu" for a in (75, 80, 90)]
+    units = ("rmsnorm", "rmsnorm_backward")  # the op and its derived backward, each per arch
+    assert kernels == sorted(f"rmsnorm_cuda/{u}_sm_{a}.cu" for u in units for a in (75, 80, 90))
     for path in kernels:
-        arch = path.removesuffix(".cu").split("_sm_")[1]
-        assert f"cudaError_t launch_rmsnorm_sm_{arch}(" in files[path]
+        unit, arch = path.removesuffix(".cu").removeprefix("rmsnorm_cuda/").split("_sm_")
+        assert f"cudaError_t launch_{unit}_sm_{arch}(" in files[path]
         assert f"arch: sm_{arch}" in files[path]
     binding = files["torch-ext/torch_binding.cpp"]
     table = binding[binding.index("constexpr Plans kPlans[] = {") :]
