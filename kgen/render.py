@@ -331,20 +331,10 @@ def project_context(
 def _backward_call(forward: OpSpec, backward: OpSpec) -> list[str]:
     """The autograd backward's arguments to the backward op, in its order: each forward input as saved (an
     absent optional input saved undefined), each output's incoming gradient."""
-    saved = {t.name: i for i, t in enumerate(forward.inputs)}
-    grads = {gradient_name(t.name): i for i, t in enumerate(forward.outputs)}
-    args = []
-    for t in backward.inputs:
-        if t.name in saved:
-            i = saved[t.name]
-            args.append(
-                f"saved[{i}].defined() ? std::optional<torch::Tensor>(saved[{i}]) : std::nullopt"
-                if t.optional
-                else f"saved[{i}]"
-            )
-        else:
-            args.append(f"grads[{grads[t.name]}]")
-    return args
+    given = {t.name: f"saved[{i}]" for i, t in enumerate(forward.inputs)}
+    given |= {gradient_name(t.name): f"grads[{i}]" for i, t in enumerate(forward.outputs)}
+    optional = "{0}.defined() ? std::optional<torch::Tensor>({0}) : std::nullopt"
+    return [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
 
 
 def _fields(obj) -> dict:

@@ -554,6 +554,7 @@ template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PE
 cudaError_t launch_config(const LayernormBackwardArgs& args, const Params& params, cudaStream_t stream) {
   constexpr int64_t kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
   const int64_t blocks = std::min(ceil_div<int64_t>(args.rows, ROWS_PER_BLOCK), std::max<int64_t>(1, kResidentThreads / kBlock));
+  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
   const int64_t slots = blocks * ROWS_PER_BLOCK;
   void* const outs[kColumnOutputs] = {args.grad_weight, args.grad_bias};
   float* partials[kColumnOutputs] = {};
