@@ -1,15 +1,11 @@
 """Gradients of spec math: what a family derives an op's backward from.
 
-Each convention's output expressions are differentiated by sympy (vector-Jacobian products: the incoming
-gradient of every output times the output's partial derivative, summed). A rounding to the I/O dtype
-(`to_io_dtype`) differentiates as the identity, as autograd treats the cast a library performs (the float64
-reference of a rounding convention goes through `.to(dtype)` the same way), and a rounded value a derivative
-keeps stays rounded, as the tensor the library saves. One rewrite comes first:
-``1 / (1 + exp(-u))`` becomes ``sigmoid(u)``, whose derivative s·(1 - s) stays finite where exp(-u)
-  overflows (SiLU's derivative written from x / (1 + exp(-x)) is inf / inf for x < -88 in fp32).
-
-The backward's float64 reference is autograd through the forward's reference, so the derived math is checked
-against the library-level definition, not against itself."""
+Each convention's output expressions are differentiated by sympy (vector-Jacobian products). A rounding to the
+I/O dtype (`to_io_dtype`) differentiates as the identity, as autograd treats a library's cast, and a rounded
+value a derivative keeps stays rounded, as the tensor the library saves. ``1 / (1 + exp(-u))`` is first
+rewritten as ``sigmoid(u)``, whose derivative s·(1 - s) stays finite where exp(-u) overflows (SiLU's
+derivative from x / (1 + exp(-x)) is inf / inf for x < -88 in fp32). The backward's float64 reference is
+autograd through the forward's reference: the derived math is checked against the library-level definition."""
 
 from __future__ import annotations
 
@@ -65,20 +61,15 @@ def derivative(expr: sp.Expr, symbol: str) -> sp.Expr:
 
 def vjp(outputs: dict[str, sp.Expr], wrt: list[str]) -> dict[str, sp.Expr]:
     """For each symbol in ``wrt``, Σ over outputs of grad_<output> · ∂output/∂symbol."""
-    return {
-        gradient_name(v): sp.Add(
-            *(sp.Symbol(gradient_name(o)) * derivative(e, v) for o, e in outputs.items())
-        )
-        for v in wrt
-    }
+    terms = {v: [sp.Symbol(gradient_name(o)) * derivative(e, v) for o, e in outputs.items()] for v in wrt}
+    return {gradient_name(v): sp.Add(*t) for v, t in terms.items()}
 
 
 def backward_reference(forward: OpSpec, order: list[str] | None = None):
     """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
     inputs in ``order`` (their names: the forward's inputs and one incoming gradient per output,
     ``grad_<output>``; by default the forward's inputs, then the gradients), then the params (positionally or
-    by name), and ``convention``. Returns the gradient of every input in the forward's order (zeros where an
-    input does not reach the outputs; an empty tensor for an absent optional input)."""
+    by name), and ``convention``. Returns the gradient of every input in the forward's order."""
     names = [t.name for t in forward.inputs]
     grads = [gradient_name(t.name) for t in forward.outputs]
     order = order or names + grads
@@ -97,13 +88,12 @@ def backward_reference(forward: OpSpec, order: list[str] | None = None):
             outs = outs if isinstance(outs, tuple) else (outs,)
             present = [t for t in inputs if t is not None]
             found = iter(torch.autograd.grad(outs, present, incoming, allow_unused=True))
-        return tuple(
-            torch.zeros(0, dtype=torch.float64)
-            if t is None
-            else torch.zeros_like(t)
-            if (g := next(found)) is None
-            else g
-            for t in inputs
-        )
+
+        def grad_of(t):  # zeros for an input the outputs do not use, empty for an absent one
+            if t is None:
+                return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros_like(t) if (g := next(found)) is None else g
+
+        return tuple(map(grad_of, inputs))
 
     return backward_reference

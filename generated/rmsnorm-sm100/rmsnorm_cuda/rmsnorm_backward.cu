@@ -7,7 +7,7 @@
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
 //   vector path: 16-byte accesses (4 × float32) when x, grad_out, weight, grad_x, grad_weight are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
-//   partition: at most 1024 threads per SM × 148 SMs of blocks (profile planner.column_reduce.resident_threads_per_sm), each summing a fixed set of rows into one fp32 partial row per row slot; a second kernel adds them in a fixed order: deterministic, no atomics
+//   partition: at most 768 threads per SM × 148 SMs of blocks (profile planner.column_reduce.resident_threads_per_sm), each summing a fixed set of rows into one fp32 partial row per row slot; a second kernel adds them in a fixed order: deterministic, no atomics
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
@@ -16,14 +16,12 @@
 //     rows <= 4096 B: 4 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in registers
 //     rows <= 8192 B: 4 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in registers
 //     rows <= 16384 B: 4 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in registers
-//     rows <= 32768 B: 4 elem/access, 1024 threads/row, 1 rows/block, 2 accesses/thread, row in registers
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows <= 16384 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   float16:
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
@@ -31,14 +29,12 @@
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows <= 8192 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   bfloat16:
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
@@ -46,14 +42,12 @@
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows <= 8192 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   why:
 //     threads_per_row (1024 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
@@ -71,9 +65,6 @@
 //     threads_per_row (16384 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
 //     storage (16384 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
-//     threads_per_row (32768 B, 4/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (32768 B, 4/access): 1: a row needs the whole block
-//     storage (32768 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
@@ -92,9 +83,6 @@
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
 //     storage (8192 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
-//     threads_per_row (16384 B, 1/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (16384 B, 1/access): 1: a row needs the whole block
-//     storage (16384 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
@@ -113,9 +101,6 @@
 //     threads_per_row (8192 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
 //     storage (8192 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
-//     threads_per_row (16384 B, 8/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (16384 B, 8/access): 1: a row needs the whole block
-//     storage (16384 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
@@ -129,7 +114,6 @@
 //     threads_per_row (2048 B, 1/access) float16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) float16: 1: a row needs the whole block
 //     threads_per_row (4096 B, 1/access) float16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     threads_per_row (8192 B, 1/access) float16: 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     threads_per_row (512 B, 1/access) bfloat16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) bfloat16: 4: 256 threads per block / 64 per row
 //     threads_per_row (1024 B, 1/access) bfloat16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
@@ -137,7 +121,6 @@
 //     threads_per_row (2048 B, 1/access) bfloat16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) bfloat16: 1: a row needs the whole block
 //     threads_per_row (4096 B, 1/access) bfloat16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     threads_per_row (8192 B, 1/access) bfloat16: 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 #include "rmsnorm_backward.h"
 
 #include <cuda_bf16.h>
@@ -204,7 +187,7 @@ namespace {
 
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
-constexpr int kResidentPerSm = 1024;  // profile planner.column_reduce.resident_threads_per_sm
+constexpr int kResidentPerSm = 768;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(148) * kResidentPerSm;  // the partition: × profile sm_count
 constexpr int kColumnOutputs = 1;
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
@@ -542,7 +525,6 @@ cudaError_t launch_float32(const RmsnormBackwardArgs& args, const Params& params
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kRegisters, false>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
     if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 32768) return launch_config<T, Conv, kVector, 1024, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -550,7 +532,6 @@ cudaError_t launch_float32(const RmsnormBackwardArgs& args, const Params& params
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 8192) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Conv, 1, 1024, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
@@ -567,7 +548,6 @@ cudaError_t launch_float16(const RmsnormBackwardArgs& args, const Params& params
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -575,7 +555,6 @@ cudaError_t launch_float16(const RmsnormBackwardArgs& args, const Params& params
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 8192) return launch_config<T, Conv, 1, 1024, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
@@ -592,7 +571,6 @@ cudaError_t launch_bfloat16(const RmsnormBackwardArgs& args, const Params& param
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -600,7 +578,6 @@ cudaError_t launch_bfloat16(const RmsnormBackwardArgs& args, const Params& param
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 8192) return launch_config<T, Conv, 1, 1024, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
