@@ -103,6 +103,7 @@ def reference_kernels(build_root):
     import kernels.layer.repos
 
     from kgen.catalog import load_spec
+    from kgen.families import family_of
 
     calls, libraries, patch = Counter(), [], pytest.MonkeyPatch()
 
@@ -126,7 +127,25 @@ def reference_kernels(build_root):
                     return tuple(o.to(cast) for o in out) if isinstance(out, tuple) else out.to(cast)
 
                 library.impl(name, cpu, "CPU")
+                if (back := family_of(spec).backward(spec)) is not None:
+                    library.impl(back.variant(convention.name), backward(back, spec, convention.name), "CPU")
         return calls
+
+    def backward(back, spec, convention):
+        """The derived backward's CPU kernel: its family's CPU evaluation of the derived math (float64, the
+        roundings to the dtype included), each gradient in its input's dtype (empty for an absent input)."""
+        name, family, n = back.variant(convention), family_of(back), len(back.inputs)
+
+        def cpu(*args):
+            calls[name] += 1
+            grads = family.evaluate(back, list(args[:n]), list(args[n:]), convention)
+            given = dict(zip((t.name for t in back.inputs), args))
+            return tuple(
+                g.to(args[0].dtype) if given[t.name] is not None else args[0].new_empty(0)
+                for t, g in zip(spec.inputs, grads)
+            )
+
+        return cpu
 
     yield register
     for library in libraries:

@@ -90,7 +90,8 @@ ALLOWED = {
     "integrations.__init__": set(),
     "integrations.transformers": {"builder", "catalog", "errors"},
     "integrations.diffusers": {"builder", "errors"},
-    "integrations.e2e": {"errors", "integrations.diffusers", "integrations.transformers"},
+    "integrations.workloads": {"integrations.diffusers", "integrations.transformers"},
+    "integrations.e2e": {"errors", "integrations.workloads"},
 }
 
 # Lines per module, with room to grow: a module that outgrows its size should be split, not packed denser.
@@ -117,7 +118,8 @@ SIZES = {
     "autodiff.py": 100,
     "errors.py": 40,
     "integrations/diffusers.py": 340,
-    "integrations/e2e.py": 240,
+    "integrations/e2e.py": 200,
+    "integrations/workloads.py": 180,
     "integrations/transformers.py": 130,
 }
 

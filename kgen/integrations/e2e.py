@@ -1,17 +1,13 @@
-"""Whole-model timing (`kgen bench --e2e ltx|qwen3`): each workload as eager, eager + kgen, torch.compile and
-torch.compile + kgen, on one set of random weights (the kgen model is a deep copy, patched), median of the
-rounds' medians, the variants interleaved within a round.
-
-- ltx: the LTX-Video 2B transformer forward (28 blocks) at B = 2 and S = 2688 (7×16×24 latents: 49 frames at
-  512×768) and S = 8064 (21×16×24: 161 frames), 128 caption tokens, bf16.
-- qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
-  after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
-  its whole length, so every step costs the same), bf16.
-"""
+"""Whole-model timing (`kgen bench --e2e ltx|qwen3|qwen3-train`): each workload (kgen.integrations.workloads)
+as eager, eager + kgen, torch.compile and torch.compile + kgen (and Liger-Kernel where a training workload has
+it), on one set of random weights, median of the rounds' medians, the variants interleaved within a round. A
+training workload also reports each variant's peak memory of one step: the most allocated above what was
+allocated when the step began, its gradients freed (activations, gradients and workspaces; the weights
+excluded)."""
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
 import statistics
 import time
@@ -19,27 +15,22 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import KgenError
-from .diffusers import patch
-from .transformers import kernelize
+from .workloads import BUILDERS, TRAINING
 
 WARMUP = 3
-VARIANTS = ("eager", "eager + kgen", "torch.compile", "torch.compile + kgen")
+VARIANTS = ("eager", "eager + kgen", "torch.compile", "torch.compile + kgen", "Liger")
+# variant: (the variant it is compared with, the goal of their ratio of times)
 GOALS = {"eager + kgen": ("eager", 1.10), "torch.compile + kgen": ("torch.compile", 1.03)}
-QWEN3_8B = dict(
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    rms_norm_eps=1e-6,
-    num_hidden_layers=36,
-)
+TRAINING_GOALS = {
+    "eager + kgen": ("eager", 1.15),
+    "torch.compile + kgen": ("torch.compile", 1.03),
+    "eager + kgen vs Liger": ("Liger", 1.0),
+}
 
 
-def _median_ms(torch, device: str, repeats: int, fn: Callable[[], object]) -> float:
-    """CUDA events on the GPU (a whole forward: no L2 flush needed), the wall clock on a CPU."""
-    with torch.no_grad():
+def _median_ms(torch, device: str, repeats: int, fn: Callable[[], object], grad: bool = False) -> float:
+    """CUDA events on the GPU (a whole forward or step: no L2 flush needed), the wall clock on a CPU."""
+    with torch.set_grad_enabled(grad):
         for _ in range(WARMUP):
             fn()
         times = []
@@ -58,65 +49,15 @@ def _median_ms(torch, device: str, repeats: int, fn: Callable[[], object]) -> fl
     return statistics.median(times)
 
 
-def _ltx(torch, device, config, patch_kwargs, steps):  # steps: the decode budget, for qwen3
-    from diffusers import LTXVideoTransformer3DModel
-
-    with torch.device(device):
-        model = LTXVideoTransformer3DModel(**(config or {})).to(torch.bfloat16).eval()
-    kgen = copy.deepcopy(model)
-    patch(kgen, **patch_kwargs)
-    workloads = {}
-    for grid in [(7, 16, 24), (21, 16, 24)] if not config else [(2, 3, 4)]:
-        inputs = dict(
-            hidden_states=torch.randn(2, grid[0] * grid[1] * grid[2], model.config.in_channels),
-            encoder_hidden_states=torch.randn(2, 128, model.config.caption_channels),
-            timestep=torch.tensor([500, 500]),
-            encoder_attention_mask=torch.ones(2, 128),
-        )
-        inputs = {
-            k: v.to(device, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()
-        }
-        kwargs = dict(
-            num_frames=grid[0],
-            height=grid[1],
-            width=grid[2],
-            rope_interpolation_scale=(8 / 25, 32, 32),
-            return_dict=False,
-        )
-        name = f"LTX-Video forward, B=2, S={grid[0] * grid[1] * grid[2]} ({'×'.join(map(str, grid))})"
-        workloads[name] = lambda m, inputs=inputs, kwargs=kwargs: m(**inputs, **kwargs)
-    return model, kgen, workloads
-
-
-def _qwen3(torch, device, config, kernelize_kwargs, steps):
-    from transformers import Qwen3Config, Qwen3ForCausalLM, StaticCache
-
-    cfg = Qwen3Config(**(config or QWEN3_8B))
-    with torch.device(device):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
-    kgen = copy.deepcopy(model)
-    kernelize(kgen, **kernelize_kwargs)
-    prefill, (batch, context) = (2048, (64, 512)) if not config else (32, (4, 16))
-    ids = torch.randint(0, cfg.vocab_size, (1, prefill), device=device)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
-    caches = {}
-
-    def decode(m):
-        if id(m) not in caches:  # each model (compiled or not) fills its own cache with the context once
-            cache = StaticCache(config=cfg, max_cache_len=context + steps)
-            m(
-                torch.randint(0, cfg.vocab_size, (batch, context), device=device),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            caches[id(m)] = cache
-        return m(tokens, past_key_values=caches[id(m)], use_cache=True)
-
-    workloads = {
-        f"Qwen3 prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
-        f"Qwen3 decode step, batch {batch}, {context} tokens of context": decode,
-    }
-    return model, kgen, workloads
+def _peak_gib(torch, model, fn: Callable[[], object]) -> float:
+    """GiB allocated at most during one training step above the allocation when it began (gradients freed)."""
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def run_e2e(
@@ -132,32 +73,42 @@ def run_e2e(
     log: Callable[[str], None] = print,
 ) -> dict:
     """{"target", "device", "torch", "rows": [{"workload", "<variant> ms", ...}]}. ``config`` replaces the
-    real model's (a small model for tests)."""
+    real model's (a small model for tests). A variant the target has no model for (Liger where it is not
+    installed or has no patch for the model) is left out, with a line in the log."""
     import torch
 
-    builders = {"ltx": _ltx, "qwen3": _qwen3}
-    if target not in builders:
-        raise KgenError(f"--e2e takes one of {sorted(builders)}, got {target!r}")
+    if target not in BUILDERS:
+        raise KgenError(f"--e2e takes one of {sorted(BUILDERS)}, got {target!r}")
+    training = target in TRAINING
     torch.manual_seed(0)
-    model, kgen, workloads = builders[target](
-        torch, device, config, dict(root=build_root, arch=arch, step=log), rounds * (repeats + WARMUP)
+    models, workloads = BUILDERS[target](
+        torch, device, config, dict(root=build_root, arch=arch, step=log), rounds * (repeats + WARMUP), log
     )
-    models = {"eager": model, "eager + kgen": kgen}
-    if "torch.compile" in variants:
-        models["torch.compile"] = torch.compile(model)
-    if "torch.compile + kgen" in variants:
-        models["torch.compile + kgen"] = torch.compile(kgen)
+    for variant, base in (("torch.compile", "eager"), ("torch.compile + kgen", "eager + kgen")):
+        if variant in variants:
+            models[variant] = torch.compile(models[base])
+    variants = tuple(v for v in variants if v in models)
+    goals = {
+        name: [base, goal]
+        for name, (base, goal) in (TRAINING_GOALS if training else GOALS).items()
+        if name.split(" vs ")[0] in variants and base in variants
+    }
     rows = []
     for workload, run in workloads.items():
         times = {v: [] for v in variants}
         for i in range(rounds):
             for variant in variants:
-                times[variant].append(_median_ms(torch, device, repeats, lambda: run(models[variant])))
+                step = functools.partial(run, models[variant])
+                times[variant].append(_median_ms(torch, device, repeats, step, grad=training))
             log(f"{workload}: round {i + 1}/{rounds}")
         row = {"workload": workload, **{f"{v} ms": statistics.median(t) for v, t in times.items()}}
-        for variant, (base, _) in GOALS.items():
-            if variant in variants and base in variants:
-                row[f"{variant} speed-up"] = row[f"{base} ms"] / row[f"{variant} ms"]
+        for name, (base, _) in goals.items():
+            row[f"{name} speed-up"] = row[f"{base} ms"] / row[f"{name.split(' vs ')[0]} ms"]
+        if training and device == "cuda":
+            for variant in variants:
+                with torch.enable_grad():
+                    step = functools.partial(run, models[variant])
+                    row[f"{variant} peak GiB"] = _peak_gib(torch, models[variant], step)
         rows.append(row)
     name = torch.cuda.get_device_name() if device == "cuda" else device
     return {
@@ -167,17 +118,21 @@ def run_e2e(
         "rounds": rounds,
         "repeats": repeats,
         "date": time.strftime("%Y-%m-%d"),
+        "goals": goals,
         "rows": rows,
     }
 
 
 def markdown(result: dict) -> str:
-    variants = [v for v in VARIANTS if f"{v} ms" in result["rows"][0]]
-    ups = [v for v in GOALS if f"{v} speed-up" in result["rows"][0]]
+    first = result["rows"][0]
+    variants = [v for v in VARIANTS if f"{v} ms" in first]
+    peaks = [v for v in variants if f"{v} peak GiB" in first]
+    goals = result["goals"]
     head = [
         "workload",
         *(f"{v} ms" for v in variants),
-        *(f"{v} / {GOALS[v][0]} (goal ≥ {GOALS[v][1]}×)" for v in ups),
+        *(f"{name.split(' vs ')[0]} / {base} (goal ≥ {goal}×)" for name, (base, goal) in goals.items()),
+        *(f"{v} peak GiB" + (" (goal ≤ eager's)" if "kgen" in v else "") for v in peaks),
     ]
     lines = [
         f"{result['target']}: {result['device']}, torch {result['torch']}, {result['date']}; median of "
@@ -190,7 +145,8 @@ def markdown(result: dict) -> str:
         cells = [
             row["workload"],
             *(f"{row[f'{v} ms']:.2f}" for v in variants),
-            *(f"{row[f'{v} speed-up']:.3f}" for v in ups),
+            *(f"{row[f'{name} speed-up']:.3f}" for name in goals),
+            *(f"{row[f'{v} peak GiB']:.2f}" for v in peaks),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

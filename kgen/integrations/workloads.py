@@ -1,0 +1,144 @@
+"""The models `kgen bench --e2e` times: each builder returns the untimed models ({variant: model}, the kgen
+one a deep copy of the eager one, patched) and the workloads ({name: fn(model)}). Random weights, bf16.
+
+- ltx: the LTX-Video 2B transformer forward (28 blocks) at B = 2 and S = 2688 (7×16×24 latents: 49 frames at
+  512×768) and S = 8064 (21×16×24: 161 frames), 128 caption tokens.
+- qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
+  after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
+  its whole length, so every step costs the same).
+- qwen3-train: one training step (forward with the causal-LM loss on random labels, then backward; no
+  optimizer) of the Qwen3-8B config cut to 4 layers at 2 × 2048 tokens; the kgen model kernelized for
+  training (RMSNorm and the SwiGLU MLP with their derived backwards), and Liger-Kernel's
+  `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused linear cross-entropy) where it is
+  installed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .diffusers import patch
+from .transformers import kernelize
+
+QWEN3_8B = dict(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    num_hidden_layers=36,
+)
+
+
+def ltx(torch, device, config, patch_kwargs, steps, log):  # steps: the decode budget, for qwen3
+    from diffusers import LTXVideoTransformer3DModel
+
+    with torch.device(device):
+        model = LTXVideoTransformer3DModel(**(config or {})).to(torch.bfloat16).eval()
+    kgen = copy.deepcopy(model)
+    patch(kgen, **patch_kwargs)
+    workloads = {}
+    for grid in [(7, 16, 24), (21, 16, 24)] if not config else [(2, 3, 4)]:
+        inputs = dict(
+            hidden_states=torch.randn(2, grid[0] * grid[1] * grid[2], model.config.in_channels),
+            encoder_hidden_states=torch.randn(2, 128, model.config.caption_channels),
+            timestep=torch.tensor([500, 500]),
+            encoder_attention_mask=torch.ones(2, 128),
+        )
+        inputs = {
+            k: v.to(device, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()
+        }
+        kwargs = dict(
+            num_frames=grid[0],
+            height=grid[1],
+            width=grid[2],
+            rope_interpolation_scale=(8 / 25, 32, 32),
+            return_dict=False,
+        )
+        name = f"LTX-Video forward, B=2, S={grid[0] * grid[1] * grid[2]} ({'×'.join(map(str, grid))})"
+        workloads[name] = lambda m, inputs=inputs, kwargs=kwargs: m(**inputs, **kwargs)
+    return {"eager": model, "eager + kgen": kgen}, workloads
+
+
+def qwen3(torch, device, config, kernelize_kwargs, steps, log):
+    from transformers import Qwen3Config, Qwen3ForCausalLM, StaticCache
+
+    cfg = Qwen3Config(**(config or QWEN3_8B))
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    kgen = copy.deepcopy(model)
+    kernelize(kgen, **kernelize_kwargs)
+    prefill, (batch, context) = (2048, (64, 512)) if not config else (32, (4, 16))
+    ids = torch.randint(0, cfg.vocab_size, (1, prefill), device=device)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
+    caches = {}
+
+    def decode(m):
+        if id(m) not in caches:  # each model (compiled or not) fills its own cache with the context once
+            cache = StaticCache(config=cfg, max_cache_len=context + steps)
+            m(
+                torch.randint(0, cfg.vocab_size, (batch, context), device=device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            caches[id(m)] = cache
+        return m(tokens, past_key_values=caches[id(m)], use_cache=True)
+
+    workloads = {
+        f"Qwen3 prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
+        f"Qwen3 decode step, batch {batch}, {context} tokens of context": decode,
+    }
+    return {"eager": model, "eager + kgen": kgen}, workloads
+
+
+def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
+    from kernels import Mode
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**(config or QWEN3_8B | {"num_hidden_layers": 4}))
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).train()
+    models = {"eager": model, "eager + kgen": copy.deepcopy(model)}
+    kernelize(models["eager + kgen"], mode=Mode.TRAINING, **kernelize_kwargs)
+    liger = _liger_qwen3(copy.deepcopy(model))
+    if liger is None:
+        log("Liger-Kernel is not installed (pip install liger-kernel): no Liger column")
+    else:
+        models["Liger"] = liger
+    batch, tokens = (2, 2048) if not config else (2, 32)
+    ids = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device)
+    labels = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        m(ids, labels=labels, use_cache=False).loss.backward()
+
+    return models, {f"Qwen3 training step, {cfg.num_hidden_layers} layers, {batch}×{tokens} tokens": step}
+
+
+def _liger_qwen3(model):
+    """``model`` patched by Liger-Kernel, or None without it. Liger patches the instance's modules and
+    forward, but also replaces names in transformers' modeling_qwen3 that every Qwen3 model uses (the rotary
+    function) or builds from (the norm and MLP classes): those are put back, and the rotary function is
+    Liger's only while this model runs."""
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+    except ModuleNotFoundError:
+        return None
+    from transformers.models.qwen3 import modeling_qwen3
+
+    names = ("apply_rotary_pos_emb", "Qwen3RMSNorm", "Qwen3MLP")
+    own = {n: getattr(modeling_qwen3, n) for n in names}
+    apply_liger_kernel_to_qwen3(model=model)
+    liger_rope = modeling_qwen3.apply_rotary_pos_emb
+    for n, value in own.items():
+        setattr(modeling_qwen3, n, value)
+    model.register_forward_pre_hook(lambda *_: setattr(modeling_qwen3, names[0], liger_rope))
+    model.register_forward_hook(lambda *_: setattr(modeling_qwen3, names[0], own[names[0]]), always_call=True)
+    return model
+
+
+BUILDERS = {"ltx": ltx, "qwen3": qwen3, "qwen3-train": qwen3_train}
+TRAINING = {"qwen3-train"}
