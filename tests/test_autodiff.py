@@ -25,13 +25,30 @@ DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(l
 
 
 def test_which_ops_have_a_derived_backward():
-    """Every elementwise op, and the row reductions without a prologue or broadcast inputs (rmsnorm,
-    layernorm); the others not yet."""
+    """Every elementwise op, and the row reductions without broadcast inputs or a convention's own prologue
+    (rmsnorm, layernorm, fused_add_rmsnorm); the others not yet."""
     kinds = {op: load_spec(op).structure.kind for op in op_names()}
     elementwise = [op for op, kind in kinds.items() if kind == "elementwise"]
-    assert set(elementwise) | {"rmsnorm", "layernorm"} == set(DIFFERENTIATED)
+    assert set(elementwise) | {"rmsnorm", "layernorm", "fused_add_rmsnorm"} == set(DIFFERENTIATED)
     assert len(elementwise) >= 4
-    assert not {"fused_add_rmsnorm", "adaln_rmsnorm", "rope"} & set(DIFFERENTIATED)
+    assert not {"adaln_rmsnorm", "residual_adaln_rmsnorm", "rope"} & set(DIFFERENTIATED)
+
+
+def test_a_prologue_is_written_out_in_the_inputs():
+    """fused_add_rmsnorm's backward is rmsnorm's at residual_out = round(x + residual), plus the gradient
+    reaching residual_out, for x and residual alike; it reads x and residual again (nothing else saved)."""
+    fused, plain = (
+        family_of(load_spec(op)).backward(load_spec(op)) for op in ("fused_add_rmsnorm", "rmsnorm")
+    )
+    assert [t.name for t in fused.inputs] == ["x", "residual", "grad_out", "grad_residual_out", "weight"]
+    x, residual, grad_residual_out = sp.symbols("x residual grad_residual_out")
+    for convention in ("single_rounding", "transformers"):
+        got = fused.structure.convention(convention).outputs
+        want = plain.structure.convention(convention).outputs
+        at_h = {x: to_io_dtype(x + residual)}
+        assert sp.simplify(got["grad_x"] - want["grad_x"].xreplace(at_h) - grad_residual_out) == 0
+        assert got["grad_residual"] == got["grad_x"]
+        assert got["grad_weight"] == want["grad_weight"].xreplace(at_h)
 
 
 def test_rmsnorm_backward_is_the_one_extra_reduction_form():
@@ -217,11 +234,11 @@ def test_a_project_holds_its_backward():
         "has_backward: bool = True"
         in render_target(resolve_target("silu_mul", "sm_90"))["torch-ext/silu_mul_sm90/layers.py"]
     )
-    fused = render_target(resolve_target("fused_add_rmsnorm", "sm_90"))
-    assert "_autograd" not in fused["torch-ext/torch_binding.cpp"]
+    adaln = render_target(resolve_target("adaln_rmsnorm", "sm_90"))
+    assert "_autograd" not in adaln["torch-ext/torch_binding.cpp"]
     assert (
-        'ops.impl("fused_add_rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
-        in (fused["torch-ext/torch_binding.cpp"])
+        'ops.impl("adaln_rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
+        in (adaln["torch-ext/torch_binding.cpp"])
     )
     rmsnorm = render_target(resolve_target("rmsnorm", "sm_90"))
     assert "has_backward: bool = True" in rmsnorm["torch-ext/rmsnorm_sm90/layers.py"]

@@ -254,8 +254,26 @@ def test_row_reduction_autograd_with_an_optional_weight_on_meta_tensors(cpu_buil
 
 
 def test_an_op_without_a_derived_backward_raises_on_backprop(tmp_path):
-    """fused_add_rmsnorm (a prologue: no derived backward yet) raises on backprop, in place too, instead of
+    """adaln_rmsnorm (broadcast scale and shift: no derived backward yet) raises on backprop instead of
     PyTorch's default warning and no gradient."""
+    from kgen.builder import build_project
+
+    target = resolve_target("adaln_rmsnorm", "sm_90", ["bfloat16"])
+    project = write_project(target, tmp_path)
+    build_project(project, target)
+    adaln = load(project)
+    x = torch.randn(2, 4, 40, device="meta", requires_grad=True)
+    scale, shift = (torch.randn(2, 1, 40, device="meta") for _ in range(2))
+    with pytest.raises(RuntimeError, match="derivative for .*adaln_rmsnorm is not implemented"):
+        adaln.adaln_rmsnorm(x, scale, shift).sum().backward()
+    with torch.no_grad():
+        assert adaln.adaln_rmsnorm(x, scale, shift).shape == x.shape
+
+
+def test_a_prologue_backward_on_meta_tensors(tmp_path):
+    """fused_add_rmsnorm's derived backward (its prologue written out in the inputs): x, residual and the
+    weight get gradients of their shapes from both outputs, opcheck passes; the in-place form, which
+    overwrites the residual a backward would read, raises on backprop."""
     from kgen.builder import build_project
 
     target = resolve_target("fused_add_rmsnorm", "sm_90", ["bfloat16"])
@@ -263,10 +281,15 @@ def test_an_op_without_a_derived_backward_raises_on_backprop(tmp_path):
     build_project(project, target)
     fused = load(project)
     x, r = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
-    with pytest.raises(RuntimeError, match="derivative for .*fused_add_rmsnorm is not implemented"):
-        fused.fused_add_rmsnorm(x, r)[0].sum().backward()
-    with torch.no_grad():
-        assert fused.fused_add_rmsnorm(x, r)[0].shape == x.shape
+    w = torch.randn(40, device="meta", requires_grad=True)
+    for convention in fused.CONVENTIONS:
+        out, residual_out = fused.fused_add_rmsnorm(x, r, w, convention=convention)
+        grads = torch.autograd.grad((out + residual_out).sum(), [x, r, w])
+        assert [g.shape for g in grads] == [x.shape, r.shape, w.shape]
+        variant = getattr(fused.ops, load_spec("fused_add_rmsnorm").variant(convention)).default
+        torch.library.opcheck(variant, (x, r, w, 1e-6))
+    with pytest.raises(RuntimeError, match="derivative for .*fused_add_rmsnorm_ is not implemented"):
+        fused.fused_add_rmsnorm_(x, r.detach().clone(), w).sum().backward()
 
 
 def test_autograd_of_an_op_with_two_outputs_on_meta_tensors(tmp_path, monkeypatch):

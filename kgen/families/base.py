@@ -248,14 +248,16 @@ def bucket_description(plans: list[KernelPlan], line) -> list[str]:
     return lines + ["why:"] + [f"  {key}: {why}" for key, why in reasons.items()]
 
 
-def convention_code(spec: OpSpec, names: dict[str, str], lines=None, prologue=None) -> list[ConventionCode]:
-    """Each convention with its outputs printed as `<output>_out = ...;` statements (or ``lines(c)``)."""
+def convention_code(
+    spec: OpSpec, names: dict[str, str], lines=None, prologue=None, suffix: str = "_out"
+) -> list[ConventionCode]:
+    """Each convention with its outputs printed as `<output><suffix> = ...;` statements (or ``lines(c)``)."""
     return [
         ConventionCode(
             c.name,
             c.matches,
             spec.variant(c.name).removeprefix(spec.name),
-            lines(c) if lines else statements({f"{o}_out": e for o, e in c.outputs.items()}, names),
+            lines(c) if lines else statements({f"{o}{suffix}": e for o, e in c.outputs.items()}, names),
             prologue(c) if prologue else [],
         )
         for c in spec.structure.conventions

@@ -57,6 +57,11 @@ from .base import (
 row_sum = sp.Symbol("row_sum")
 
 
+# The suffix of an output's parameter in a convention's function: not "_out", which a gradient's name has
+# (grad_residual + _out is the incoming gradient of an output residual_out); checked against the inputs.
+RESULT = "_result"
+
+
 class RowSum(_Model):
     """The fp32 sum of ``summand`` over the row, then per-row scalars computed from it (``row_sum``) in order;
     each may use the earlier ones."""
@@ -105,6 +110,11 @@ class ColumnReduce(Structure):
     def scalars(self) -> list[str]:
         return [name for s in self.sums[self.conventions[0].name] for name in s.finalize]
 
+    def summed(self) -> set[str]:
+        """The names any convention's summands read: the row inputs held on chip; the outputs alone read the
+        others where they need them."""
+        return {str(v) for sums in self.sums.values() for s in sums for v in s.summand.free_symbols}
+
     def names(self) -> list[str]:
         return self.scalars()
 
@@ -118,6 +128,10 @@ class ColumnReduce(Structure):
             raise ValueError("column_reduce ops take '*rows hidden' and 'hidden' tensors only")
         shape = [list(s.finalize) for s in self.sums[self.conventions[0].name]]
         inputs = {t.name for t in spec.row_inputs + spec.column_inputs}
+        if clash := sorted(
+            {t.name + RESULT for t in spec.outputs} & (inputs | {p.name for p in spec.params})
+        ):
+            raise ValueError(f"{', '.join(clash)}: the name of an output's result in the kernel; rename it")
         for conv, sums in self.sums.items():
             if [list(s.finalize) for s in sums] != shape:
                 raise ValueError(
@@ -199,6 +213,7 @@ class ColumnReduceContext(FamilyContext):
     out_args: str
     out_elems: str
     when_given: dict[str, str]
+    streamed: list[str]  # row inputs only the outputs read: loaded there, not held with the row
 
 
 class ColumnReduceFamily(RowsFamily):
@@ -218,9 +233,8 @@ class ColumnReduceFamily(RowsFamily):
     ) -> ColumnReducePlan:
         facts, elem = self.check_facts(profile), DTYPE_BYTES[dtype]
         vector = profile.max_access_bytes // elem
-        held = len(spec.row_inputs) + len(spec.column_inputs)
-        buckets = self._buckets(profile, facts, spec, elem, vector, held) + self._buckets(
-            profile, facts, spec, elem, 1, held
+        buckets = self._buckets(profile, facts, spec, elem, vector) + self._buckets(
+            profile, facts, spec, elem, 1
         )
         notes = vector_notes(dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "") | {
             "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
@@ -247,18 +261,19 @@ class ColumnReduceFamily(RowsFamily):
             facts.resident_threads_per_sm,
         )
 
-    def _buckets(self, profile, facts, spec, elem, elems, held) -> list[Bucket]:
+    def _buckets(self, profile, facts, spec, elem, elems) -> list[Bucket]:
         access_bytes = elem * elems
         held_bytes = max(4, access_bytes)  # a 16-bit element alone still takes a 32-bit register
         sums = len(spec.column_outputs) * elems * 4
-        rows_only = len(spec.row_inputs) * held_bytes + sums
+        held = [t for t in spec.row_inputs if t.name in spec.structure.summed()]
+        rows_only = len(held) * held_bytes + sums
         budget_bytes = facts.register_bytes_per_thread
         # at most 4 accesses: 8 scalar accesses of layernorm's 4 inputs and 2 sums spilled at 64 registers
         # (nvcc 13.0, sm_90)
         accesses = max(1, min(4, budget_bytes // rows_only))
         columns = accesses * (rows_only + len(spec.column_inputs) * held_bytes) <= budget_bytes
         budget = (
-            f"{accesses} × ({len(spec.row_inputs)} row inputs × {held_bytes} B + "
+            f"{accesses} × ({len(held)} row inputs × {held_bytes} B + "
             f"{len(spec.column_outputs)} × {elems} fp32 sums) per thread"
             + (
                 f" and the column inputs ({len(spec.column_inputs)} × {held_bytes} B), loaded once per block,"
@@ -270,6 +285,11 @@ class ColumnReduceFamily(RowsFamily):
                 ""
                 if columns or not spec.column_inputs
                 else "; the column inputs do not fit beside them and are re-read per row (L1 hits)"
+            )
+            + "".join(
+                f"; {t.name}, which only the outputs read, is loaded there, not held"
+                for t in spec.row_inputs
+                if t not in held
             )
         )
         out = []
@@ -415,7 +435,7 @@ class ColumnReduceFamily(RowsFamily):
 
         conventions = [
             ColumnConventionCode(c.name, c.matches, c.suffix, c.lines, sums(c.name))
-            for c in convention_code(spec, names)
+            for c in convention_code(spec, names, suffix=RESULT)
         ]
         lead = spec.lead.name
         return ColumnReduceContext(
@@ -439,9 +459,10 @@ class ColumnReduceFamily(RowsFamily):
             launch_args=launch_args,
             input_args=", ".join(f"float {t.name}" for t in inputs),
             input_elems=", ".join(element_value(t, f"{t.name}_v") for t in inputs),
-            out_args=", ".join(f"float& {t.name}_out" for t in spec.outputs),
+            out_args=", ".join(f"float& {t.name}{RESULT}" for t in spec.outputs),
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
             when_given=structure.when_given,
+            streamed=[t.name for t in spec.row_inputs if t.name not in structure.summed()],
         )
 
 

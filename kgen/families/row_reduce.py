@@ -502,21 +502,36 @@ class RowReduceFamily(RowsFamily):
         dL/dS_k = F_k'(S_k) · Σ_j (Σ_o dy_o ∂y_o/∂stat_k + Σ_{m>k} dL/dS_m ∂summand_m/∂stat_k); then per
         element the gradient of each row input, Σ_o dy_o ∂y_o/∂v + Σ_k dL/dS_k ∂summand_k/∂v, and of each
         column input (weight, bias), Σ_o dy_o ∂y_o/∂w summed over the rows. For RMSNorm that is
-        dx = rstd·(w·dy - x̂·mean(x̂·w·dy)) in its one-extra-reduction form. None (backprop then raises) for a
-        prologue, broadcast or optional row inputs, a finalize reading an earlier statistic, or where a
-        derivative has no CUDA form."""
+        dx = rstd·(w·dy - x̂·mean(x̂·w·dy)) in its one-extra-reduction form. A prologue's values are
+        written out in the inputs (fused add + RMSNorm: residual_out = round(x + residual) everywhere), so
+        the backward reads x and residual again and the gradient of residual_out reaches both. None (backprop
+        then raises) for a convention's own prologue, broadcast or optional row inputs, a finalize reading an
+        earlier statistic, or where a derivative has no CUDA form."""
         structure = spec.structure
         stats = {r.stat for r in structure.reductions}
         if (
-            structure.prologue
+            any(c.prologue for c in structure.conventions)
             or any(t.broadcast or (t.optional and t.per_row) for t in spec.inputs)
             or any({str(s) for s in r.finalize.free_symbols} & stats for r in structure.reductions)
         ):
             return None
         from .column_reduce import backward_of_row_reduction
 
+        inline = {}  # each prologue value as an expression of the inputs (a later one may use an earlier)
+        for name, expr in structure.prologue.items():
+            inline[sp.Symbol(name)] = expr.xreplace(inline)
+        reductions = [
+            r.model_copy(update={"summand": r.summand.xreplace(inline)}) for r in structure.reductions
+        ]
+        conventions = [
+            c.model_copy(update={"outputs": {o: e.xreplace(inline) for o, e in c.outputs.items()}})
+            for c in structure.conventions
+        ]
+        written_out = structure.model_copy(
+            update={"prologue": {}, "reductions": reductions, "conventions": conventions}
+        )
         try:
-            return backward_of_row_reduction(spec, structure.reductions)
+            return backward_of_row_reduction(spec.model_copy(update={"structure": written_out}), reductions)
         except ValueError:  # pydantic's ValidationError too: the derived spec is invalid
             return None
 

@@ -9,3 +9,10 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm(const torch::Tensor& 
 // fused_add_rmsnorm_transformers: convention transformers (a transformers decoder layer: residual + x, then LlamaRMSNorm / Qwen3RMSNorm)
 std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_transformers(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps);
 }  // namespace fused_add_rmsnorm_binding
+
+namespace fused_add_rmsnorm_backward_binding {
+// fused_add_rmsnorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps);
+// fused_add_rmsnorm_backward_transformers: convention transformers (the gradient of transformers (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace fused_add_rmsnorm_backward_binding

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 #include "../fused_add_rmsnorm_cuda/fused_add_rmsnorm.h"
+#include "../fused_add_rmsnorm_cuda/fused_add_rmsnorm_backward.h"
 #include "registration.h"
 #include "torch_binding.h"
 
@@ -191,13 +192,83 @@ torch::Tensor fused_add_rmsnorm_transformers_(const torch::Tensor& x, torch::Ten
   return std::get<0>(result);
 }
 
+// Autograd: the forward below the autograd layer, then fused_add_rmsnorm_backward on the saved inputs. Both are called
+// through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
+// The convention travels as its index; undefined output gradients arrive as zeros (materialized).
+const char* const kVariants[] = {"fused_add_rmsnorm", "fused_add_rmsnorm_transformers"};
+const char* const kBackwardVariants[] = {"fused_add_rmsnorm_backward", "fused_add_rmsnorm_backward_transformers"};
+
+using ForwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
+using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
+
+template <typename Signature, size_t N>
+std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
+  std::vector<c10::TypedOperatorHandle<Signature>> handles;
+  for (const char* name : names)
+    handles.push_back(c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string(KGEN_OPS_NAME(TORCH_EXTENSION_NAME)) + "::" + name).c_str(), "")
+                          .typed<Signature>());
+  return handles;
+}
+
+// Looked up once, at the first call (the library has registered every op by then).
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op(int64_t convention) {
+  static const auto ops = find_ops<ForwardSignature>(kVariants);
+  return ops[convention];
+}
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t convention) {
+  static const auto ops = find_ops<BackwardSignature>(kBackwardVariants);
+  return ops[convention];
+}
+
+struct Autograd : public torch::autograd::Function<Autograd> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps, int64_t convention) {
+    ctx->save_for_backward({x, residual, weight.value_or(torch::Tensor())});  // an absent input: undefined
+    ctx->saved_data["convention"] = convention;
+    ctx->saved_data["eps"] = eps;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto outs = forward_op(convention).call(x, residual, weight, eps);
+    return {std::get<0>(outs), std::get<1>(outs)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const int64_t convention = ctx->saved_data["convention"].toInt();
+    const auto result = backward_op(convention).call(saved[0], saved[1], grads[0], grads[1], saved[2].defined() ? std::optional<torch::Tensor>(saved[2]) : std::nullopt, ctx->saved_data["eps"].toDouble());
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {std::get<0>(result), std::get<1>(result), saved[2].defined() ? std::get<2>(result) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Records the backward only where a gradient is wanted; otherwise straight to the kernel.
+bool wants_grad(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps) {
+  return torch::GradMode::is_enabled() && (x.requires_grad() || residual.requires_grad() || (weight.has_value() && weight->requires_grad()));
+}
+
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_autograd(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps) {
+  if (wants_grad(x, residual, weight, eps)) {
+    const auto outs = Autograd::apply(x, residual, weight, eps, int64_t{0});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(0).call(x, residual, weight, eps);
+}
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_transformers_autograd(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps) {
+  if (wants_grad(x, residual, weight, eps)) {
+    const auto outs = Autograd::apply(x, residual, weight, eps, int64_t{1});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(1).call(x, residual, weight, eps);
+}
+
 void register_ops(torch::Library& ops) {
   ops.def("fused_add_rmsnorm(Tensor x, Tensor residual, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("fused_add_rmsnorm", torch::kCUDA, &fused_add_rmsnorm);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("fused_add_rmsnorm", torch::kCPU, &fused_add_rmsnorm);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("fused_add_rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("fused_add_rmsnorm", torch::kAutograd, &fused_add_rmsnorm_autograd);
   ops.def("fused_add_rmsnorm_(Tensor x, Tensor(a!) residual, Tensor? weight, float eps) -> Tensor");
   ops.impl("fused_add_rmsnorm_", torch::kCUDA, &fused_add_rmsnorm_);
   ops.impl("fused_add_rmsnorm_", torch::kCPU, &fused_add_rmsnorm_);
@@ -208,8 +279,7 @@ void register_ops(torch::Library& ops) {
   ops.impl("fused_add_rmsnorm_transformers", torch::kCUDA, &fused_add_rmsnorm_transformers);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("fused_add_rmsnorm_transformers", torch::kCPU, &fused_add_rmsnorm_transformers);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("fused_add_rmsnorm_transformers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("fused_add_rmsnorm_transformers", torch::kAutograd, &fused_add_rmsnorm_transformers_autograd);
   ops.def("fused_add_rmsnorm_transformers_(Tensor x, Tensor(a!) residual, Tensor? weight, float eps) -> Tensor");
   ops.impl("fused_add_rmsnorm_transformers_", torch::kCUDA, &fused_add_rmsnorm_transformers_);
   ops.impl("fused_add_rmsnorm_transformers_", torch::kCPU, &fused_add_rmsnorm_transformers_);
@@ -220,8 +290,204 @@ void register_ops(torch::Library& ops) {
 
 }  // namespace fused_add_rmsnorm_binding
 
+// ---------------------------------------------------------------------------------------------
+// fused_add_rmsnorm_backward: the gradient of fused_add_rmsnorm (residual add then RMSNorm in one pass, returning both)
+// ---------------------------------------------------------------------------------------------
+namespace fused_add_rmsnorm_backward_binding {
+namespace {
+
+constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
+
+// The dtype of the lead tensor (x), which every other I/O tensor shares.
+kgen_fused_add_rmsnorm_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kgen_fused_add_rmsnorm_backward::DType::k_float32;
+    case at::kHalf: return kgen_fused_add_rmsnorm_backward::DType::k_float16;
+    case at::kBFloat16: return kgen_fused_add_rmsnorm_backward::DType::k_bfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": x has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_89) does not ",
+                       "support; expected one of: ", kSupportedDTypes);
+  }
+}
+
+void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but x is on ",
+                    lead.device().str());
+}
+
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_fused_add_rmsnorm_backward::FusedAddRmsnormBackwardArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {89, "sm_89", 7u, &kgen_fused_add_rmsnorm_backward::launch_fused_add_rmsnorm_backward},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_fused_add_rmsnorm_backward::DType dtype, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_89 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps, kgen_fused_add_rmsnorm_backward::Convention convention, const char* op) {
+  check_device(x, op, "x", x);
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
+  const kgen_fused_add_rmsnorm_backward::DType dtype = io_dtype(x, op);
+  const int64_t hidden = x.size(-1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = hidden;
+  {
+    const torch::Tensor& residual_t = residual;
+    check_device(residual_t, op, "residual", x);
+    TORCH_CHECK_TYPE(residual_t.scalar_type() == x.scalar_type(), op, ": residual has dtype ",
+                     c10::toString(residual_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(residual_t.sizes() == c10::IntArrayRef(expected), op, ": residual has shape ",
+                      shape_str(residual_t.sizes()), " but must have shape ", shape_str(expected));
+  }
+  {
+    const torch::Tensor& grad_out_t = grad_out;
+    check_device(grad_out_t, op, "grad_out", x);
+    TORCH_CHECK_TYPE(grad_out_t.scalar_type() == x.scalar_type(), op, ": grad_out has dtype ",
+                     c10::toString(grad_out_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(grad_out_t.sizes() == c10::IntArrayRef(expected), op, ": grad_out has shape ",
+                      shape_str(grad_out_t.sizes()), " but must have shape ", shape_str(expected));
+  }
+  {
+    const torch::Tensor& grad_residual_out_t = grad_residual_out;
+    check_device(grad_residual_out_t, op, "grad_residual_out", x);
+    TORCH_CHECK_TYPE(grad_residual_out_t.scalar_type() == x.scalar_type(), op, ": grad_residual_out has dtype ",
+                     c10::toString(grad_residual_out_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(grad_residual_out_t.sizes() == c10::IntArrayRef(expected), op, ": grad_residual_out has shape ",
+                      shape_str(grad_residual_out_t.sizes()), " but must have shape ", shape_str(expected));
+  }
+  if (weight.has_value()) {
+    const torch::Tensor& weight_t = *weight;
+    check_device(weight_t, op, "weight", x);
+    TORCH_CHECK_TYPE(weight_t.scalar_type() == x.scalar_type(), op, ": weight has dtype ",
+                     c10::toString(weight_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()),
+                     "; they must match");
+    TORCH_CHECK_VALUE(weight_t.dim() == 1 && weight_t.size(0) == hidden, op,
+                      ": weight must have shape [", std::to_string(hidden), "] (the last dim of x), got ",
+                      shape_str(weight_t.sizes()));
+  }
+
+  const float eps_f = static_cast<float>(eps);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(eps_f) && eps_f > 0, op, ": eps must be a finite number > 0 in float32, got ",
+                    number_str(eps));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Plans& device_plans = plans_for(x, dtype, op);
+  torch::Tensor grad_x = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_residual = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  // summed over the rows, when weight is given (else empty)
+  torch::Tensor grad_weight = torch::empty({weight.has_value() ? hidden : 0}, x.options());
+  if (x.numel() == 0) {  // no rows: the sums over them are zero
+    grad_weight.zero_();
+    return std::make_tuple(grad_x, grad_residual, grad_weight);
+  }
+
+  // A [rows, width] view with unit stride in the last dim; anything else is copied once.
+  auto as_rows = [](const torch::Tensor& t, int64_t width) {
+    torch::Tensor rows = t.reshape({-1, width});
+    return rows.stride(1) == 1 ? rows : rows.contiguous();
+  };
+  const torch::Tensor x_rows = as_rows(x, hidden);
+  const torch::Tensor residual_rows = as_rows(residual, hidden);
+  const torch::Tensor grad_out_rows = as_rows(grad_out, hidden);
+  const torch::Tensor grad_residual_out_rows = as_rows(grad_residual_out, hidden);
+  const std::optional<torch::Tensor> weight_col =
+      weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
+  const torch::Tensor grad_x_rows = grad_x.view({-1, hidden});
+  const torch::Tensor grad_residual_rows = grad_residual.view({-1, hidden});
+
+  kgen_fused_add_rmsnorm_backward::FusedAddRmsnormBackwardArgs args{};
+  args.x = x_rows.data_ptr();
+  args.x_row_stride = x_rows.stride(0);
+  args.residual = residual_rows.data_ptr();
+  args.residual_row_stride = residual_rows.stride(0);
+  args.grad_out = grad_out_rows.data_ptr();
+  args.grad_out_row_stride = grad_out_rows.stride(0);
+  args.grad_residual_out = grad_residual_out_rows.data_ptr();
+  args.grad_residual_out_row_stride = grad_residual_out_rows.stride(0);
+  args.weight = weight_col? weight_col->data_ptr() : nullptr;
+  args.grad_x = grad_x_rows.data_ptr();
+  args.grad_x_row_stride = grad_x_rows.stride(0);
+  args.grad_residual = grad_residual_rows.data_ptr();
+  args.grad_residual_row_stride = grad_residual_rows.stride(0);
+  args.grad_weight = grad_weight.numel() > 0 ? grad_weight.data_ptr() : nullptr;
+  // The partial rows: fp32 tensors of the caching allocator, freed (stream-ordered) when this returns.
+  struct Workspace {
+    at::TensorOptions options;
+    std::vector<torch::Tensor> tensors;
+  } workspace{x.options().dtype(at::kFloat), {}};
+  args.workspace = [](void* owner, int64_t floats) -> float* {
+    auto* w = static_cast<Workspace*>(owner);
+    w->tensors.push_back(torch::empty({floats}, w->options));
+    return w->tensors.back().data_ptr<float>();
+  };
+  args.workspace_owner = &workspace;
+  args.rows = x_rows.size(0);
+  args.hidden = hidden;
+  args.eps = eps_f;
+  args.dtype = dtype;
+  args.convention = convention;
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return std::make_tuple(grad_x, grad_residual, grad_weight);
+}
+
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
+  return run_fused_add_rmsnorm_backward(x, residual, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_single_rounding, "fused_add_rmsnorm_backward");
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
+  return run_fused_add_rmsnorm_backward(x, residual, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_transformers, "fused_add_rmsnorm_backward_transformers");
+}
+
+void register_ops(torch::Library& ops) {
+  ops.def("fused_add_rmsnorm_backward(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
+  ops.impl("fused_add_rmsnorm_backward", torch::kCUDA, &fused_add_rmsnorm_backward);
+  // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
+  ops.impl("fused_add_rmsnorm_backward", torch::kCPU, &fused_add_rmsnorm_backward);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("fused_add_rmsnorm_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.def("fused_add_rmsnorm_backward_transformers(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
+  ops.impl("fused_add_rmsnorm_backward_transformers", torch::kCUDA, &fused_add_rmsnorm_backward_transformers);
+  // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
+  ops.impl("fused_add_rmsnorm_backward_transformers", torch::kCPU, &fused_add_rmsnorm_backward_transformers);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("fused_add_rmsnorm_backward_transformers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace fused_add_rmsnorm_backward_binding
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   fused_add_rmsnorm_binding::register_ops(ops);
+  fused_add_rmsnorm_backward_binding::register_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

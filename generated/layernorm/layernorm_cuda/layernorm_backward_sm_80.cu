@@ -280,11 +280,11 @@ struct Convention_single_rounding {
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float grad_out, float weight, float bias, const Stats& stats, const Params& params,
-                                              float& grad_x_out, float& grad_weight_out, float& grad_bias_out) {
+                                              float& grad_x_result, float& grad_weight_result, float& grad_bias_result) {
     const float t0 = grad_out*stats.rstd;
-    grad_x_out = stats.grad_sum_mean + stats.grad_sum_rstd*(-2*stats.mean + 2*x) + t0*weight;
-    grad_weight_out = t0*(-stats.mean + x);
-    grad_bias_out = grad_out;
+    grad_x_result = stats.grad_sum_mean + stats.grad_sum_rstd*(-2*stats.mean + 2*x) + t0*weight;
+    grad_weight_result = t0*(-stats.mean + x);
+    grad_bias_result = grad_out;
   }
 };
 

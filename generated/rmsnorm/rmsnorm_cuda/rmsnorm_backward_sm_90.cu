@@ -254,10 +254,10 @@ struct Convention_single_rounding {
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float grad_out, float weight, const Stats& stats, const Params& params,
-                                              float& grad_x_out, float& grad_weight_out) {
+                                              float& grad_x_result, float& grad_weight_result) {
     const float t0 = grad_out*stats.rstd;
-    grad_x_out = 2*stats.grad_sum_rstd*x + t0*weight;
-    grad_weight_out = t0*x;
+    grad_x_result = 2*stats.grad_sum_rstd*x + t0*weight;
+    grad_weight_result = t0*x;
   }
 };
 
@@ -289,9 +289,9 @@ struct Convention_transformers {
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float grad_out, float weight, const Stats& stats, const Params& params,
-                                              float& grad_x_out, float& grad_weight_out) {
-    grad_x_out = grad_out*stats.rstd*weight + 2*stats.grad_sum_rstd*x;
-    grad_weight_out = grad_out*round_to_io<T>(stats.rstd*x);
+                                              float& grad_x_result, float& grad_weight_result) {
+    grad_x_result = grad_out*stats.rstd*weight + 2*stats.grad_sum_rstd*x;
+    grad_weight_result = grad_out*round_to_io<T>(stats.rstd*x);
   }
 };
 
