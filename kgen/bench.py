@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .bench_report import MB, implementations, markdown, missed, plot, us
-from .catalog import load_spec, suite, suite_table
+from .catalog import backward_spec, load_spec, suite, suite_table
 from .dsl import OpSpec, Tensor
 from .errors import UsageError
 from .families import family_of
@@ -60,8 +60,7 @@ def bars(
 
 
 def has_backward(op: str) -> bool:
-    spec = load_spec(op)
-    return family_of(spec).backward(spec) is not None
+    return backward_spec(op) is not None
 
 
 def tensor_shape(
@@ -165,7 +164,7 @@ def run_bench(
     if backward and not has_backward(op):
         raise UsageError(
             f"{op} has no backward kernels yet (kgen derives them for elementwise ops and for row reductions "
-            "without a prologue or broadcast inputs)"
+            "without broadcast inputs)"
         )
     arch = device_arch()
     console.print(f"building {op} for {arch} ...")

@@ -158,6 +158,12 @@ def _load_spec(name: str) -> OpSpec:
 load_spec.cache_clear = _load_spec.cache_clear  # tests point $KGEN_OPS_PATH elsewhere
 
 
+def backward_spec(name: str) -> OpSpec | None:
+    """The op's derived backward (<op>_backward), or None where its family derives none yet."""
+    spec = load_spec(name)
+    return family_of(spec).backward(spec)
+
+
 def spec_hash(name: str) -> str:
     """Content hash of the spec module and of the specs it loads: it names the spec version in emitted
     headers."""

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .catalog import arch_names, load_profile, load_spec, load_tuning, op_names
+from .catalog import arch_names, backward_spec, load_profile, load_spec, load_tuning, op_names
 from .errors import KgenError, UsageError
 
 app = typer.Typer(
@@ -286,6 +286,9 @@ def explain(
     ] = "sm_90",
     dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
     shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096 or 2x4096x3072")] = "8192x4096",
+    backward: Annotated[
+        bool, typer.Option("--backward", help="the plan of the op's derived backward")
+    ] = False,
 ) -> None:
     """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
     from .planner import plan_launch
@@ -294,9 +297,13 @@ def explain(
     archs = arch_names() if arch == "all" else arch.split(",")
     if len(archs) > 1:
         for name in archs:
-            explain(op, name, dtype, shape)
+            explain(op, name, dtype, shape, backward)
         return
     spec, profile = load_spec(op), load_profile(arch)
+    if backward:
+        if (spec := backward_spec(op)) is None:
+            raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
+        op = spec.name
     rows, hidden = _shape(shape)
     tuning = load_tuning(profile.name)
     plan = plan_launch(spec, profile, dtype, rows, hidden, tuning)

@@ -25,7 +25,7 @@ def test_list():
         assert word in result.output
     rows = {line.split(" | ")[0]: line for line in run("list").output.splitlines() if " | " in line}
     assert rows["geglu"].endswith(" | derived") and rows["rmsnorm"].endswith(" | derived")
-    assert rows["fused_add_rmsnorm"].endswith(" | -")
+    assert rows["fused_add_rmsnorm"].endswith(" | derived") and rows["adaln_rmsnorm"].endswith(" | -")
 
 
 def test_explain_prints_every_choice_and_the_roofline():
@@ -54,6 +54,22 @@ def test_explain_three_dim_shape_and_odd_hidden():
     assert "fits the" not in result.output  # 100 MB moved: more than the A100's 40 MB L2
     small = run("explain", "rmsnorm", "--arch", "sm_80", "--shape", "64x4096")
     assert "it fits the 40 MB L2 of sm_80" in small.output
+
+
+def test_explain_the_derived_backward():
+    """The backward's plan: the column reduction's partition and the bytes a backward must move (x, residual
+    and both incoming gradients read, two gradients written: 6 × 8192 × 4096 × 2 B, and the weight's)."""
+    result = run("explain", "fused_add_rmsnorm", "--backward", "--arch", "sm_90", "--shape", "8192x4096")
+    assert result.exit_code == 0, result.output
+    for words in (
+        "fused_add_rmsnorm_backward on sm_90",
+        "264 blocks",  # 1024 resident threads per SM × 132 SMs / 512-thread blocks
+        "grad_residual_out, which only the outputs read, is loaded there, not held",
+        "402.67 MB",
+    ):
+        assert words in result.output, words
+    refused = run("explain", "rope", "--backward")
+    assert refused.exit_code == 2 and "rope has no backward kernels yet" in refused.output
 
 
 def test_user_errors_exit_2_with_a_message():
