@@ -50,6 +50,16 @@ def given_(inputs):
     return [t for t in inputs if t is not None]
 
 
+def as_tuple(out) -> tuple:
+    """An op's outputs as a tuple (fused_add_rmsnorm returns two)."""
+    return out if isinstance(out, tuple) else (out,)
+
+
+def random_grads(outs, gen, dtype, layout=lambda g: g) -> list:
+    """One random incoming gradient per output, in ``layout``."""
+    return [layout(torch.randn(o.shape, generator=gen, device="cuda").to(dtype)) for o in outs]
+
+
 def expected_grads(op, inputs, grads, convention):
     """float64 autograd of the reference, for the given inputs (an absent one has none)."""
     spec = load_spec(op)
@@ -61,7 +71,7 @@ def expected_grads(op, inputs, grads, convention):
     return [w for t, w in zip(inputs, want) if t is not None]
 
 
-def library_grads(op, inputs, grads, want):
+def library_grads(op, inputs, grads: list, want):
     """The gradients of the most accurate peer installed (the libraries the op replaces) under eager
     autograd, in the inputs' dtype, called with the params' defaults."""
     spec = load_spec(op)
@@ -69,7 +79,7 @@ def library_grads(op, inputs, grads, want):
     for peer in spec.peers.values():
         leaves_ = [None if t is None else t.detach().clone().requires_grad_() for t in inputs]
         try:
-            out = peer(*leaves_, *(p.default for p in spec.params))
+            out = as_tuple(peer(*leaves_, *(p.default for p in spec.params)))
             found = torch.autograd.grad(out, given_(leaves_), grads)
         # Liger: not installed, its backward refuses 3-d inputs, or an absent weight
         except (ImportError, RuntimeError, AttributeError, TypeError):
@@ -116,7 +126,7 @@ def assert_close_to_reference(op, got, want, library, dtype, names=None, allowan
         )
 
 
-def reduction_allowance(op, inputs, grad) -> tuple[int, float]:
+def reduction_allowance(op, inputs, grads: list) -> tuple[int, float]:
     """(factor, floor) for `assert_close_to_reference`: (2, 0) except for an op whose backward reduces rows.
     Its derived dx adds the row's terms (up to |dy|·|w|·rstd) before they cancel, where ATen's norms factor
     them first (rstd·(dy·w - mean(dy·w) - x̂·mean(dy·w·x̂))); in a row whose dx nearly cancels both lose digits
@@ -131,7 +141,11 @@ def reduction_allowance(op, inputs, grad) -> tuple[int, float]:
     spec = load_spec(op)
     eps = min(p.default for p in spec.params if p.name == "eps")
     columns = [v for t, v in zip(spec.inputs, inputs) if t.column and v is not None]
-    scale = grad.abs().max().item() * max([1.0] + [v.abs().max().item() for v in columns]) / eps**0.5
+    scale = (
+        max(g.abs().max().item() for g in grads)
+        * max([1.0] + [v.abs().max().item() for v in columns])
+        / eps**0.5
+    )
     return 4, 8 * 2.0**-24 * scale
 
 
@@ -173,14 +187,14 @@ def test_gradients_match_float64_autograd(libraries, case):
         return  # the forward refuses the dtype (test_ops_gpu checks the refusal)
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
     inputs = leaves(op, case["shape"], dtype, gen, case["magnitude"], case["present"])
-    out = getattr(libraries[op], op)(*inputs, convention=convention)
-    grad = GRAD_LAYOUTS[case["layout"]](torch.randn(out.shape, generator=gen, device="cuda").to(dtype))
+    outs = as_tuple(getattr(libraries[op], op)(*inputs, convention=convention))
+    grads = random_grads(outs, gen, dtype, GRAD_LAYOUTS[case["layout"]])
     poison_allocator(inputs[0].numel(), dtype, len(inputs))
-    got = torch.autograd.grad(out, given_(inputs), grad)
-    want = expected_grads(op, inputs, [grad], convention)
+    got = torch.autograd.grad(outs, given_(inputs), grads)
+    want = expected_grads(op, inputs, grads, convention)
     names = [t.name for t, v in zip(load_spec(op).inputs, inputs) if v is not None]
-    library = library_grads(op, inputs, grad, want)
-    assert_close_to_reference(op, got, want, library, dtype, names, reduction_allowance(op, inputs, grad))
+    library = library_grads(op, inputs, grads, want)
+    assert_close_to_reference(op, got, want, library, dtype, names, reduction_allowance(op, inputs, grads))
 
 
 TALL = [(70000, 64), (3000, 4096), (2, 700, 5120), (600, 20000)]  # many rows per row slot; 20000: re-read
@@ -194,14 +208,14 @@ def test_tall_shapes_and_gradients_summed_over_rows_repeat_bitwise(libraries, op
     dtype = torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(len(shape) + shape[-1])
     inputs = leaves(op, shape, dtype, gen)
-    out = getattr(libraries[op], op)(*inputs)
-    grad = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
-    runs = [torch.autograd.grad(out, inputs, grad, retain_graph=True) for _ in range(3)]
+    outs = as_tuple(getattr(libraries[op], op)(*inputs))
+    grads = random_grads(outs, gen, dtype)
+    runs = [torch.autograd.grad(outs, inputs, grads, retain_graph=True) for _ in range(3)]
     for again in runs[1:]:
         for a, b in zip(runs[0], again):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    want = expected_grads(op, inputs, [grad], load_spec(op).default_convention)
-    assert_close_to_reference(op, runs[0], want, library_grads(op, inputs, grad, want), dtype)
+    want = expected_grads(op, inputs, grads, load_spec(op).default_convention)
+    assert_close_to_reference(op, runs[0], want, library_grads(op, inputs, grads, want), dtype)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -211,25 +225,26 @@ def test_edge_shapes_every_convention(libraries, op, dtype, shape):
     gen = torch.Generator(device="cuda").manual_seed(sum(shape))
     inputs = leaves(op, shape, dtype, gen)
     for convention in (c.name for c in load_spec(op).structure.conventions):
-        out = getattr(libraries[op], op)(*inputs, convention=convention)
-        grad = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
+        outs = as_tuple(getattr(libraries[op], op)(*inputs, convention=convention))
+        grads = random_grads(outs, gen, dtype)
         poison_allocator(inputs[0].numel(), dtype, len(inputs))
-        got = torch.autograd.grad(out, inputs, grad)
-        want = expected_grads(op, inputs, [grad], convention)
-        library = library_grads(op, inputs, grad, want)
+        got = torch.autograd.grad(outs, inputs, grads)
+        want = expected_grads(op, inputs, grads, convention)
+        library = library_grads(op, inputs, grads, want)
         assert_close_to_reference(
-            op, got, want, library, dtype, allowance=reduction_allowance(op, inputs, grad)
+            op, got, want, library, dtype, allowance=reduction_allowance(op, inputs, grads)
         )
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_zero_stride_gradient_from_sum(libraries, op):
-    """out.sum().backward() hands the backward an expanded (all-zero strides) gradient."""
+    """out.sum().backward() hands the backward an expanded (all-zero strides) gradient (each output's)."""
     dtype = torch.float32
     inputs = leaves(op, (33, 520), dtype, torch.Generator(device="cuda").manual_seed(1))
-    getattr(libraries[op], op)(*inputs).sum().backward()
-    ones = torch.ones(33, 520, dtype=dtype, device="cuda")
-    want = expected_grads(op, inputs, [ones], load_spec(op).default_convention)
+    outs = as_tuple(getattr(libraries[op], op)(*inputs))
+    sum(o.sum() for o in outs).backward()
+    ones = [torch.ones_like(o) for o in outs]
+    want = expected_grads(op, inputs, ones, load_spec(op).default_convention)
     assert_close_to_reference(
         op, [t.grad for t in inputs], want, library_grads(op, inputs, ones, want), dtype
     )
@@ -265,7 +280,7 @@ def test_compiled_training_step_has_no_graph_break_and_matches_eager(libraries, 
     weight = torch.randn(1024, generator=gen, device="cuda").to(dtype).float()
 
     def step(*args):
-        return (fn(*args).float() * weight).sum()
+        return sum((o.float() * weight).sum() for o in as_tuple(fn(*args)))
 
     eager = torch.autograd.grad(step(*inputs), inputs)
     compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*inputs), inputs)
@@ -279,10 +294,12 @@ def test_activation_checkpointing(libraries, op):
 
     fn = getattr(libraries[op], op)
     inputs = leaves(op, (16, 2048), torch.bfloat16, torch.Generator(device="cuda").manual_seed(5))
-    plain = torch.autograd.grad(fn(*inputs).float().square().sum(), inputs)
-    again = torch.autograd.grad(
-        checkpoint(lambda *a: fn(*a).float().square().sum(), *inputs, use_reentrant=False), inputs
-    )
+
+    def loss(*args):
+        return sum(o.float().square().sum() for o in as_tuple(fn(*args)))
+
+    plain = torch.autograd.grad(loss(*inputs), inputs)
+    again = torch.autograd.grad(checkpoint(loss, *inputs, use_reentrant=False), inputs)
     for p, a in zip(plain, again):
         assert torch.equal(p, a)
 
@@ -298,11 +315,11 @@ def test_nan_stays_where_the_reference_has_it_and_runs_repeat_bitwise(libraries,
     ]
     inputs[0][3, 17] = float("nan")
     inputs = [t.requires_grad_() for t in inputs]
-    out = fn(*inputs)
-    grad = torch.ones_like(out)
-    first = torch.autograd.grad(out, inputs, grad, retain_graph=True)
-    second = torch.autograd.grad(out, inputs, grad)
-    want = expected_grads(op, inputs, [grad], load_spec(op).default_convention)
+    outs = as_tuple(fn(*inputs))
+    grads = [torch.ones_like(o) for o in outs]
+    first = torch.autograd.grad(outs, inputs, grads, retain_graph=True)
+    second = torch.autograd.grad(outs, inputs, grads)
+    want = expected_grads(op, inputs, grads, load_spec(op).default_convention)
     assert first[0].isnan().any()  # x's gradient (a bias's, Σ dy, never sees x)
     for f, s, w in zip(first, second, want):
         assert torch.equal(f.isnan(), w.isnan())
