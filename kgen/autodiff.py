@@ -65,15 +65,15 @@ def vjp(outputs: dict[str, sp.Expr], wrt: list[str]) -> dict[str, sp.Expr]:
     return {gradient_name(v): sp.Add(*t) for v, t in terms.items()}
 
 
-def backward_reference(forward: OpSpec, order: list[str] | None = None):
+def backward_reference(forward: OpSpec, order: list[str] | None = None, returns: list[str] | None = None):
     """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
     inputs in ``order`` (their names: the forward's inputs and one incoming gradient per output,
     ``grad_<output>``; by default the forward's inputs, then the gradients), then the params (positionally or
-    by name), and ``convention``. Returns the gradient of every input in the forward's order."""
+    by name), and ``convention``. Returns the gradient of every input in the forward's order (of those named
+    in ``returns`` only, where given)."""
     names = [t.name for t in forward.inputs]
     grads = [gradient_name(t.name) for t in forward.outputs]
-    order = order or names + grads
-    reference = forward.reference
+    order, reference = order or names + grads, forward.reference
     takes_convention = "convention" in inspect.signature(reference).parameters
 
     def backward_reference(*args, convention=None, **params):
@@ -94,6 +94,7 @@ def backward_reference(forward: OpSpec, order: list[str] | None = None):
                 return torch.zeros(0, dtype=torch.float64)
             return torch.zeros_like(t) if (g := next(found)) is None else g
 
-        return tuple(map(grad_of, inputs))
+        by_name = dict(zip(names, map(grad_of, inputs)))
+        return tuple(by_name[n] for n in returns or names)
 
     return backward_reference

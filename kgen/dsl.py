@@ -326,6 +326,9 @@ class OpSpec(_Model):
     # output -> the input it overwrites in the op's in-place form `<op>_` (which returns the other
     # outputs), e.g. {"residual_out": "residual"}
     inplace: dict[Identifier, Identifier] = {}
+    # a derived backward's gradients it writes once for several inputs: {grad_residual: grad_x} (fused add +
+    # RMSNorm: x's and residual's are the same tensor, handed to both)
+    shared: dict[Identifier, Identifier] = {}
 
     @model_validator(mode="after")
     def _consistent(self) -> OpSpec:
@@ -400,6 +403,8 @@ class OpSpec(_Model):
                 f"inplace: maps outputs {sorted(outputs)} to the inputs they overwrite, required "
                 f"'*rows hidden' inputs of the same shape {sorted(overwritable)}; got {self.inplace}"
             )
+        if not set(self.shared.values()) <= outputs or set(self.shared) & set(names):
+            raise ValueError(f"shared: maps new names to outputs {sorted(outputs)}; got {self.shared}")
         self._check_layers(seen)
         return self
 

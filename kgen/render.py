@@ -1,5 +1,4 @@
-"""Rendering: a loaded spec, its profile and its plans -> the files of a kernel-builder project (name ->
-text).
+"""Rendering: a loaded spec, its profile and its plans -> a kernel-builder project's files (name -> text).
 
 The context is two typed parts: what every project shares (`ProjectContext`: names, signatures, the op
 schema, the reference, the example shapes) and what the spec's family computed (its `FamilyContext`).
@@ -328,13 +327,20 @@ def project_context(
     )
 
 
-def _backward_call(forward: OpSpec, backward: OpSpec) -> list[str]:
-    """The autograd backward's arguments to the backward op, in its order: each forward input as saved (an
-    absent optional input saved undefined), each output's incoming gradient."""
+def _backward_glue(forward: OpSpec, backward: OpSpec) -> dict[str, list[str]]:
+    """The autograd backward's arguments to the backward op (the forward's inputs as saved, the outputs'
+    incoming gradients), and each forward input's gradient in its result (its output, or one it shares)."""
     given = {t.name: f"saved[{i}]" for i, t in enumerate(forward.inputs)}
     given |= {gradient_name(t.name): f"grads[{i}]" for i, t in enumerate(forward.outputs)}
     optional = "{0}.defined() ? std::optional<torch::Tensor>({0}) : std::nullopt"
-    return [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
+    outs = [t.name for t in backward.outputs]
+    results = []
+    for i, t in enumerate(forward.inputs):
+        k = outs.index(backward.shared.get(gradient_name(t.name), gradient_name(t.name)))
+        got = "result" if len(outs) == 1 else f"std::get<{k}>(result)"
+        results.append(f"saved[{i}].defined() ? {got} : torch::Tensor()" if t.optional else got)
+    calls = [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
+    return {"call": calls, "results": results}
 
 
 def _fields(obj) -> dict:
@@ -372,9 +378,7 @@ def render_project(units: list[Unit], spec_hash: str, name: str | None = None) -
                 f"rendering {template} for {context['op']} on {core.arch_label} failed: {err}"
             ) from err
 
-    backward = contexts[1] if len(contexts) > 1 else None
-    if backward:
-        backward = backward | {"call": _backward_call(units[0][0], units[1][0])}
+    backward = contexts[1] | _backward_glue(units[0][0], units[1][0]) if len(contexts) > 1 else None
     ctx = contexts[0] | {
         "units": contexts,
         "backward": backward,

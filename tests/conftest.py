@@ -128,10 +128,10 @@ def reference_kernels(build_root):
 
                 library.impl(name, cpu, "CPU")
                 if (back := family_of(spec).backward(spec)) is not None:
-                    library.impl(back.variant(convention.name), backward(back, spec, convention.name), "CPU")
+                    library.impl(back.variant(convention.name), backward(back, convention.name), "CPU")
         return calls
 
-    def backward(back, spec, convention):
+    def backward(back, convention):
         """The derived backward's CPU kernel: its family's CPU evaluation of the derived math (float64, the
         roundings to the dtype included), each gradient in its input's dtype (empty for an absent input)."""
         name, family, n = back.variant(convention), family_of(back), len(back.inputs)
@@ -140,9 +140,11 @@ def reference_kernels(build_root):
             calls[name] += 1
             grads = family.evaluate(back, list(args[:n]), list(args[n:]), convention)
             given = dict(zip((t.name for t in back.inputs), args))
-            return tuple(
-                g.to(args[0].dtype) if given[t.name] is not None else args[0].new_empty(0)
-                for t, g in zip(spec.inputs, grads)
+            return tuple(  # one per output: grad_<input>, empty for an absent input
+                g.to(args[0].dtype)
+                if given[t.name.removeprefix("grad_")] is not None
+                else args[0].new_empty(0)
+                for t, g in zip(back.outputs, grads)
             )
 
         return cpu

@@ -36,7 +36,8 @@ def test_which_ops_have_a_derived_backward():
 
 def test_a_prologue_is_written_out_in_the_inputs():
     """fused_add_rmsnorm's backward is rmsnorm's at residual_out = round(x + residual), plus the gradient
-    reaching residual_out, for x and residual alike; it reads x and residual again (nothing else saved)."""
+    reaching residual_out, for x and residual alike (one tensor, written once); it reads x and residual again
+    (nothing else saved)."""
     fused, plain = (
         family_of(load_spec(op)).backward(load_spec(op)) for op in ("fused_add_rmsnorm", "rmsnorm")
     )
@@ -47,8 +48,10 @@ def test_a_prologue_is_written_out_in_the_inputs():
         want = plain.structure.convention(convention).outputs
         at_h = {x: to_io_dtype(x + residual)}
         assert sp.simplify(got["grad_x"] - want["grad_x"].xreplace(at_h) - grad_residual_out) == 0
-        assert got["grad_residual"] == got["grad_x"]
         assert got["grad_weight"] == want["grad_weight"].xreplace(at_h)
+        assert "grad_residual" not in got  # the same tensor as x's: written once
+    assert fused.shared == {"grad_residual": "grad_x"} and not plain.shared
+    assert [t.name for t in fused.outputs] == ["grad_x", "grad_weight"]
 
 
 def test_rmsnorm_backward_is_the_one_extra_reduction_form():

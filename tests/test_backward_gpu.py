@@ -65,9 +65,10 @@ def expected_grads(op, inputs, grads, convention):
     spec = load_spec(op)
     named = dict(zip((t.name for t in spec.inputs), inputs))
     named |= {gradient_name(t.name): g for t, g in zip(spec.outputs, grads)}
-    want = backward_spec(op).reference(
-        *(named[t.name] for t in backward_spec(op).inputs), convention=convention
-    )
+    back = backward_spec(op)
+    found = back.reference(*(named[t.name] for t in back.inputs), convention=convention)
+    by_name = dict(zip((t.name for t in back.outputs), found))  # an input sharing another's: that one
+    want = [by_name[back.shared.get(g, g)] for g in (gradient_name(t.name) for t in spec.inputs)]
     return [w for t, w in zip(inputs, want) if t is not None]
 
 

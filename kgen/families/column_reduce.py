@@ -523,6 +523,23 @@ def backward_of_row_reduction(spec: OpSpec, reductions: list) -> OpSpec:
                 outputs={gradient_name(t.name): gradient(t.name) for t in spec.inputs},
             )
         )
+    # a row input whose gradient is an earlier one's in every convention (x and residual of a fused add)
+    # gets that tensor: written once
+    rows = [gradient_name(t.name) for t in spec.inputs if t.per_row]
+    shared = {}
+    for i, name in enumerate(rows):
+        same = (
+            o
+            for o in rows[:i]
+            if o not in shared and all(c.outputs[o] == c.outputs[name] for c in conventions)
+        )
+        if (first := next(same, None)) is not None:
+            shared[name] = first
+    conventions = [
+        c.model_copy(update={"outputs": {o: e for o, e in c.outputs.items() if o not in shared}})
+        for c in conventions
+    ]
+    written = [t for t in spec.inputs if gradient_name(t.name) not in shared]
     required = [t for t in spec.inputs if not t.optional]
     optional = [t for t in spec.inputs if t.optional]
     incoming = [
@@ -542,16 +559,19 @@ def backward_of_row_reduction(spec: OpSpec, reductions: list) -> OpSpec:
                     role="output",
                     doc=f"the gradient of {t.name}",
                 )
-                for t in spec.inputs
+                for t in written
             ),
         ],
         params=spec.params,
+        shared=shared,
         structure=ColumnReduce(
             sums=sums,
             conventions=conventions,
             when_given={gradient_name(t.name): t.name for t in optional if t.column},
         ),
-        reference=backward_reference(spec, [t.name for t in required + incoming + optional]),
+        reference=backward_reference(
+            spec, [t.name for t in required + incoming + optional], [t.name for t in written]
+        ),
     )
 
 

@@ -199,7 +199,7 @@ const char* const kVariants[] = {"fused_add_rmsnorm", "fused_add_rmsnorm_transfo
 const char* const kBackwardVariants[] = {"fused_add_rmsnorm_backward", "fused_add_rmsnorm_backward_transformers"};
 
 using ForwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
-using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
+using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
 
 template <typename Signature, size_t N>
 std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
@@ -237,7 +237,7 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     const int64_t convention = ctx->saved_data["convention"].toInt();
     const auto result = backward_op(convention).call(saved[0], saved[1], grads[0], grads[1], saved[2].defined() ? std::optional<torch::Tensor>(saved[2]) : std::nullopt, ctx->saved_data["eps"].toDouble());
     // One gradient per input (none for an absent one), then none for the params and the convention.
-    return {std::get<0>(result), std::get<1>(result), saved[2].defined() ? std::get<2>(result) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {std::get<0>(result), std::get<0>(result), saved[2].defined() ? std::get<1>(result) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -345,7 +345,7 @@ const Plans& plans_for(const torch::Tensor& lead, kgen_fused_add_rmsnorm_backwar
               lead.device().str(), " is sm_", std::to_string(capability));
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps, kgen_fused_add_rmsnorm_backward::Convention convention, const char* op) {
+std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps, kgen_fused_add_rmsnorm_backward::Convention convention, const char* op) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
   const kgen_fused_add_rmsnorm_backward::DType dtype = io_dtype(x, op);
@@ -399,12 +399,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_ba
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor grad_x = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
-  torch::Tensor grad_residual = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
   // summed over the rows, when weight is given (else empty)
   torch::Tensor grad_weight = torch::empty({weight.has_value() ? hidden : 0}, x.options());
   if (x.numel() == 0) {  // no rows: the sums over them are zero
     grad_weight.zero_();
-    return std::make_tuple(grad_x, grad_residual, grad_weight);
+    return std::make_tuple(grad_x, grad_weight);
   }
 
   // A [rows, width] view with unit stride in the last dim; anything else is copied once.
@@ -419,7 +418,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_ba
   const std::optional<torch::Tensor> weight_col =
       weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
   const torch::Tensor grad_x_rows = grad_x.view({-1, hidden});
-  const torch::Tensor grad_residual_rows = grad_residual.view({-1, hidden});
 
   kgen_fused_add_rmsnorm_backward::FusedAddRmsnormBackwardArgs args{};
   args.x = x_rows.data_ptr();
@@ -433,8 +431,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_ba
   args.weight = weight_col? weight_col->data_ptr() : nullptr;
   args.grad_x = grad_x_rows.data_ptr();
   args.grad_x_row_stride = grad_x_rows.stride(0);
-  args.grad_residual = grad_residual_rows.data_ptr();
-  args.grad_residual_row_stride = grad_residual_rows.stride(0);
   args.grad_weight = grad_weight.numel() > 0 ? grad_weight.data_ptr() : nullptr;
   // The partial rows: fp32 tensors of the caching allocator, freed (stream-ordered) when this returns.
   struct Workspace {
@@ -454,28 +450,28 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_ba
   args.convention = convention;
   const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-  return std::make_tuple(grad_x, grad_residual, grad_weight);
+  return std::make_tuple(grad_x, grad_weight);
 }
 
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
   return run_fused_add_rmsnorm_backward(x, residual, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_single_rounding, "fused_add_rmsnorm_backward");
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
   return run_fused_add_rmsnorm_backward(x, residual, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_transformers, "fused_add_rmsnorm_backward_transformers");
 }
 
 void register_ops(torch::Library& ops) {
-  ops.def("fused_add_rmsnorm_backward(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
+  ops.def("fused_add_rmsnorm_backward(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("fused_add_rmsnorm_backward", torch::kCUDA, &fused_add_rmsnorm_backward);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("fused_add_rmsnorm_backward", torch::kCPU, &fused_add_rmsnorm_backward);
   // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
   ops.impl("fused_add_rmsnorm_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
-  ops.def("fused_add_rmsnorm_backward_transformers(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
+  ops.def("fused_add_rmsnorm_backward_transformers(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("fused_add_rmsnorm_backward_transformers", torch::kCUDA, &fused_add_rmsnorm_backward_transformers);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("fused_add_rmsnorm_backward_transformers", torch::kCPU, &fused_add_rmsnorm_backward_transformers);

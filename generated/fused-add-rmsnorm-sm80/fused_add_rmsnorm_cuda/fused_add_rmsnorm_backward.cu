@@ -5,7 +5,7 @@
 // dtypes: float32, float16, bfloat16
 // planner facts: rules: sm_90's ladders and thresholds, not measured on this arch
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
-//   vector path: 16-byte accesses (4 × float32) when x, residual, grad_out, grad_residual_out, weight, grad_x, grad_residual, grad_weight are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
+//   vector path: 16-byte accesses (4 × float32) when x, residual, grad_out, grad_residual_out, weight, grad_x, grad_weight are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   partition: at most 1024 threads per SM × 108 SMs of blocks (profile planner.column_reduce.resident_threads_per_sm), each summing a fixed set of rows into one fp32 partial row per row slot; a second kernel adds them in a fixed order: deterministic, no atomics
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
@@ -254,12 +254,10 @@ struct Convention_single_rounding {
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params,
-                                              float& grad_x_result, float& grad_residual_result, float& grad_weight_result) {
+                                              float& grad_x_result, float& grad_weight_result) {
     const float t0 = grad_out*stats.rstd;
     const float t1 = round_to_io<T>(residual + x);
-    const float t2 = grad_residual_out + 2*stats.grad_sum_rstd*t1 + t0*weight;
-    grad_x_result = t2;
-    grad_residual_result = t2;
+    grad_x_result = grad_residual_out + 2*stats.grad_sum_rstd*t1 + t0*weight;
     grad_weight_result = t0*t1;
   }
 };
@@ -292,11 +290,9 @@ struct Convention_transformers {
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params,
-                                              float& grad_x_result, float& grad_residual_result, float& grad_weight_result) {
+                                              float& grad_x_result, float& grad_weight_result) {
     const float t0 = round_to_io<T>(residual + x);
-    const float t1 = grad_out*stats.rstd*weight + grad_residual_out + 2*stats.grad_sum_rstd*t0;
-    grad_x_result = t1;
-    grad_residual_result = t1;
+    grad_x_result = grad_out*stats.rstd*weight + grad_residual_out + 2*stats.grad_sum_rstd*t0;
     grad_weight_result = grad_out*round_to_io<T>(stats.rstd*t0);
   }
 };
@@ -356,7 +352,7 @@ template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PE
 // fallback for rows beyond the budget may take more).
 __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
                                   STORAGE == RowStorage::kGlobal ? 1 : std::max(1, kResidentPerSm / (THREADS_PER_ROW * ROWS_PER_BLOCK)))
-fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual, int64_t residual_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, T* __restrict__ grad_residual, int64_t grad_residual_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params) {
+fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual, int64_t residual_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
   constexpr int kCached = STORAGE == RowStorage::kRegisters ? MAX_ACCESSES : 1;
@@ -395,7 +391,6 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
     Access grad_out_regs[kCached] = {};
     const Access* grad_residual_out_row = reinterpret_cast<const Access*>(grad_residual_out + row * grad_residual_out_row_stride);
     Access* grad_x_row = reinterpret_cast<Access*>(grad_x + row * grad_x_row_stride);
-    Access* grad_residual_row = reinterpret_cast<Access*>(grad_residual + row * grad_residual_row_stride);
     // The inputs at access k (index i): from registers, or from global memory.
     struct Values {
       Access x_v;
@@ -470,7 +465,6 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
       const Values v = fetch(k, i);
       float grad_x_f[ELEMS];
-      float grad_residual_f[ELEMS];
       float grad_weight_f[ELEMS];
 #pragma unroll
       for (int j = 0; j < ELEMS; ++j) {
@@ -479,10 +473,9 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
         const Access& grad_out_v = v.grad_out_v;
         const Access& grad_residual_out_v = v.grad_residual_out_v;
         const Access& weight_v = v.weight_v;
-        Conv::template apply<T>(to_float(x_v.v[j]), to_float(residual_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_residual_f[j], grad_weight_f[j]);
+        Conv::template apply<T>(to_float(x_v.v[j]), to_float(residual_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_weight_f[j]);
       }
       grad_x_row[i] = pack<T>(grad_x_f);
-      grad_residual_row[i] = pack<T>(grad_residual_f);
       if (grad_weight_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
@@ -542,7 +535,7 @@ cudaError_t launch_config(const FusedAddRmsnormBackwardArgs& args, const Params&
     if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
   }
   fused_add_rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>
-      <<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.residual), args.residual_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, static_cast<T*>(args.grad_residual), args.grad_residual_row_stride, partials[0], args.rows, args.hidden, params);
+      <<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.residual), args.residual_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params);
   cudaError_t err = cudaGetLastError();
   for (int c = 0; c < kColumnOutputs && err == cudaSuccess; ++c) {
     if (outs[c] == nullptr) continue;
@@ -559,7 +552,7 @@ cudaError_t launch_float32(const FusedAddRmsnormBackwardArgs& args, const Params
   using T = float;
   constexpr int kVector = 4;
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
-  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_residual_row_stride % kVector == 0 && aligned(args.grad_residual, kAccessBytes) && aligned(args.weight, kAccessBytes);
+  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
@@ -584,7 +577,7 @@ cudaError_t launch_float16(const FusedAddRmsnormBackwardArgs& args, const Params
   using T = __half;
   constexpr int kVector = 8;
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
-  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_residual_row_stride % kVector == 0 && aligned(args.grad_residual, kAccessBytes) && aligned(args.weight, kAccessBytes);
+  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
@@ -609,7 +602,7 @@ cudaError_t launch_bfloat16(const FusedAddRmsnormBackwardArgs& args, const Param
   using T = __nv_bfloat16;
   constexpr int kVector = 8;
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
-  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_residual_row_stride % kVector == 0 && aligned(args.grad_residual, kAccessBytes) && aligned(args.weight, kAccessBytes);
+  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);

@@ -28,8 +28,6 @@ struct FusedAddRmsnormBackwardArgs {
   const void* weight;  // may be null
   void* grad_x;
   int64_t grad_x_row_stride;
-  void* grad_residual;
-  int64_t grad_residual_row_stride;
   void* grad_weight;  // [hidden], summed over the rows; null when weight is
   int64_t rows;
   int64_t hidden;

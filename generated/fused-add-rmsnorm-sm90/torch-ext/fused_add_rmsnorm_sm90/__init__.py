@@ -71,7 +71,7 @@ _register_fake("fused_add_rmsnorm_transformers", _fused_add_rmsnorm_fake)
 _register_fake("fused_add_rmsnorm_transformers_", _fused_add_rmsnorm_inplace_fake)
 
 
-def _fused_add_rmsnorm_backward_fake(x: torch.Tensor, residual: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fused_add_rmsnorm_backward_fake(x: torch.Tensor, residual: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm_backward."""
     torch._check(x.dim() >= 1, lambda: "fused_add_rmsnorm_backward: x must have at least one dim")
     if weight is not None:
@@ -84,7 +84,7 @@ def _fused_add_rmsnorm_backward_fake(x: torch.Tensor, residual: torch.Tensor, gr
     torch._check(grad_out.shape == x.shape, lambda: "fused_add_rmsnorm_backward: grad_out must have the shape of x")
     torch._check(grad_residual_out.dtype == x.dtype, lambda: "fused_add_rmsnorm_backward: grad_residual_out must have the dtype of x")
     torch._check(grad_residual_out.shape == x.shape, lambda: "fused_add_rmsnorm_backward: grad_residual_out must have the shape of x")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]))
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]))
 
 
 _register_fake("fused_add_rmsnorm_backward", _fused_add_rmsnorm_backward_fake)
