@@ -93,7 +93,8 @@ def evaluate(expr: sp.Expr, values: dict, round_io):
             return out
         if isinstance(e, sp.Pow):
             base, power = args
-            return torch.rsqrt(tensor(base)) if e.args[1] == sp.Rational(-1, 2) else base**power
+            # a tensor power: 0 to a negative power is inf (a Piecewise branch it does not take), not an error
+            return torch.rsqrt(tensor(base)) if e.args[1] == sp.Rational(-1, 2) else tensor(base) ** power
         if isinstance(e, sp.Piecewise):  # the first true condition's value
             *cases, (last, _) = e.args
             out = tensor(ev(last))
