@@ -65,12 +65,12 @@ def vjp(outputs: dict[str, sp.Expr], wrt: list[str]) -> dict[str, sp.Expr]:
     return {gradient_name(v): sp.Add(*t) for v, t in terms.items()}
 
 
-def backward_reference(forward: OpSpec, order: list[str] | None = None, returns: list[str] | None = None):
+def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None):
     """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
-    inputs in ``order`` (their names: the forward's inputs and one incoming gradient per output,
-    ``grad_<output>``; by default the forward's inputs, then the gradients), then the params (positionally or
-    by name), and ``convention``. Returns the gradient of every input in the forward's order (of those named
-    in ``returns`` only, where given)."""
+    inputs in ``order`` (names: the forward's inputs and one incoming gradient per output, grad_<output>;
+    by default the forward's inputs, then the gradients), then the params, and ``convention``. A forward
+    input the backward does not take (a linear op's gradients do not depend on it) is zeros shaped like the
+    input ``stand_in`` maps it to. Returns the gradient of every input (named in ``returns``) in order."""
     names = [t.name for t in forward.inputs]
     grads = [gradient_name(t.name) for t in forward.outputs]
     order, reference = order or names + grads, forward.reference
@@ -80,6 +80,7 @@ def backward_reference(forward: OpSpec, order: list[str] | None = None, returns:
         import torch
 
         given = dict(zip(order, args))
+        given |= {n: torch.zeros_like(given[other]) for n, other in (stand_in or {}).items()}
         inputs = [None if given[n] is None else given[n].detach().double().requires_grad_() for n in names]
         incoming = [given[g].double() for g in grads]
         extra = {"convention": convention} if takes_convention and convention is not None else {}

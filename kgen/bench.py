@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .autodiff import gradient_name
 from .bench_report import MB, implementations, markdown, missed, plot, us
 from .catalog import backward_spec, load_spec, suite, suite_table
 from .dsl import OpSpec, Tensor
@@ -163,8 +164,8 @@ def run_bench(
         raise UsageError("--backward times autograd, which CUDA-graph replays leave out: drop --graphs")
     if backward and not has_backward(op):
         raise UsageError(
-            f"{op} has no backward kernels yet (kgen derives them for elementwise ops and for row reductions "
-            "without broadcast inputs)"
+            f"{op} has no backward kernels yet (kgen derives them for elementwise and rotary ops and for row "
+            "reductions without broadcast inputs)"
         )
     arch = device_arch()
     console.print(f"building {op} for {arch} ...")
@@ -190,15 +191,23 @@ def run_bench(
     for case in cases:
         params = case.param_values(spec)
         inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
-        if backward:
-            inputs = [t.requires_grad_() for t in inputs]
+        traffic = inputs
+        if backward:  # the inputs that get a gradient require one (a rotary op's tables get none)
+            back = backward_spec(op)
+            written = {t.name for t in back.outputs}  # a gradient another input shares is written once
+            inputs = [
+                t.requires_grad_(gradient_name(s.name) in written | set(back.shared))
+                for t, s in zip(inputs, spec.inputs)
+            ]
+            read = {t.name for t in back.inputs}
+            traffic = [t for t, s in zip(inputs, spec.inputs) if s.name in read]
+            traffic += [t for t, s in zip(inputs, spec.inputs) if gradient_name(s.name) in written]
         outputs = kernel(*inputs, *params)
-        # each input read once, each output written once; backward: the inputs and the outputs' gradients
-        # read, the inputs' gradients written
+        # each input read once, each output written once; backward: the inputs it reads and the outputs'
+        # gradients read, the inputs' gradients written
         min_bytes = sum(
             t.numel() * t.element_size()
-            for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])]
-            + (inputs if backward else [])
+            for t in [*traffic, *(outputs if isinstance(outputs, tuple) else [outputs])]
         )
         del outputs
         same_copy = timer.copy_us(min_bytes)

@@ -328,19 +328,26 @@ def project_context(
 
 
 def _backward_glue(forward: OpSpec, backward: OpSpec) -> dict[str, list[str]]:
-    """The autograd backward's arguments to the backward op (the forward's inputs as saved, the outputs'
-    incoming gradients), and each forward input's gradient in its result (its output, or one it shares)."""
-    given = {t.name: f"saved[{i}]" for i, t in enumerate(forward.inputs)}
+    """The autograd backward's arguments to the backward op (the forward's inputs it reads, saved, and the
+    outputs' incoming gradients), each forward input's gradient in its result (its output, one it shares, or
+    none: a constant, which the autograd refuses requiring a gradient)."""
+    read = {t.name for t in backward.inputs}
+    saved = [t for t in forward.inputs if t.name in read]
+    given = {t.name: f"saved[{i}]" for i, t in enumerate(saved)}
     given |= {gradient_name(t.name): f"grads[{i}]" for i, t in enumerate(forward.outputs)}
     optional = "{0}.defined() ? std::optional<torch::Tensor>({0}) : std::nullopt"
     outs = [t.name for t in backward.outputs]
-    results = []
-    for i, t in enumerate(forward.inputs):
-        k = outs.index(backward.shared.get(gradient_name(t.name), gradient_name(t.name)))
-        got = "result" if len(outs) == 1 else f"std::get<{k}>(result)"
-        results.append(f"saved[{i}].defined() ? {got} : torch::Tensor()" if t.optional else got)
+    results, constants = [], []
+    for t in forward.inputs:
+        name = backward.shared.get(gradient_name(t.name), gradient_name(t.name))
+        if name not in outs:
+            results.append("torch::Tensor()")
+            constants.append(t)
+            continue
+        got = "result" if len(outs) == 1 else f"std::get<{outs.index(name)}>(result)"
+        results.append(f"{given[t.name]}.defined() ? {got} : torch::Tensor()" if t.optional else got)
     calls = [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
-    return {"call": calls, "results": results}
+    return {"call": calls, "results": results, "saved": saved, "constants": constants}
 
 
 def _fields(obj) -> dict:

@@ -140,12 +140,13 @@ def reference_kernels(build_root):
             calls[name] += 1
             grads = family.evaluate(back, list(args[:n]), list(args[n:]), convention)
             given = dict(zip((t.name for t in back.inputs), args))
-            return tuple(  # one per output: grad_<input>, empty for an absent input
+            out = tuple(  # one per output: grad_<input>, empty for an absent input (a rotation's: none)
                 g.to(args[0].dtype)
-                if given[t.name.removeprefix("grad_")] is not None
+                if given.get(t.name.removeprefix("grad_"), args[0]) is not None
                 else args[0].new_empty(0)
                 for t, g in zip(back.outputs, grads)
             )
+            return out if len(out) > 1 else out[0]
 
         return cpu
 

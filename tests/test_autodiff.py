@@ -25,13 +25,38 @@ DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(l
 
 
 def test_which_ops_have_a_derived_backward():
-    """Every elementwise op, and the row reductions without broadcast inputs or a convention's own prologue
-    (rmsnorm, layernorm, fused_add_rmsnorm); the others not yet."""
+    """Every elementwise and rotary op, and the row reductions without broadcast inputs or a convention's own
+    prologue (rmsnorm, layernorm, fused_add_rmsnorm); the others (AdaLN) not yet."""
     kinds = {op: load_spec(op).structure.kind for op in op_names()}
-    elementwise = [op for op, kind in kinds.items() if kind == "elementwise"]
-    assert set(elementwise) | {"rmsnorm", "layernorm", "fused_add_rmsnorm"} == set(DIFFERENTIATED)
-    assert len(elementwise) >= 4
-    assert not {"adaln_rmsnorm", "residual_adaln_rmsnorm", "rope"} & set(DIFFERENTIATED)
+    every = [op for op, kind in kinds.items() if kind in ("elementwise", "rotary")]
+    assert set(every) | {"rmsnorm", "layernorm", "fused_add_rmsnorm"} == set(DIFFERENTIATED)
+    assert len(every) >= 10
+    assert not {"adaln_rmsnorm", "residual_adaln_rmsnorm"} & set(DIFFERENTIATED)
+
+
+def test_a_rotation_backward_is_the_rotation_by_minus_theta_and_reads_no_input():
+    """rope's backward rotates the outputs' gradients with the partner's table values and the opposite
+    sign, for q and k; it takes the tables but not q or k (nothing of them is saved). With tables equal
+    within a pair (every model's) that is the rotation by -θ; for any tables it is the transpose of the
+    forward's linear map (checked numerically: <J x, g> = <x, Jᵀ g>)."""
+    spec = load_spec("rope")
+    back = family_of(spec).backward(spec)
+    assert [t.name for t in back.inputs] == ["grad_out", "grad_k_out", "cos", "sin"]
+    assert [t.name for t in back.outputs] == ["grad_x", "grad_k"]
+    g, g_pair, cos, sin, cos_pair, sin_pair, sign = sp.symbols(
+        "grad_out grad_out_pair cos sin cos_pair sin_pair sign"
+    )
+    for convention in ("single_rounding", "transformers"):
+        got = back.structure.convention(convention).outputs["grad_x"]
+        assert sp.expand(got - (cos * g - sign * sin_pair * g_pair)) == 0
+    gen = torch.Generator().manual_seed(0)
+    x, k = torch.randn(2, 3, 5, 8, generator=gen).double(), torch.randn(2, 1, 5, 8, generator=gen).double()
+    cos_t, sin_t = torch.randn(2, 5, 8, generator=gen).double(), torch.randn(2, 5, 8, generator=gen).double()
+    gx, gk = torch.randn_like(x), torch.randn_like(k)
+    out, k_out = spec.reference(x, k, cos_t, sin_t)
+    fam = family_of(back)
+    grad_x, grad_k = fam.evaluate(back, [gx, gk, cos_t, sin_t], [], "single_rounding")
+    assert torch.allclose((out * gx).sum() + (k_out * gk).sum(), (x * grad_x).sum() + (k * grad_k).sum())
 
 
 def test_a_prologue_is_written_out_in_the_inputs():

@@ -17,7 +17,7 @@ from test_ops_gpu import poison_allocator
 
 from kgen.autodiff import gradient_name
 from kgen.bench import example_inputs
-from kgen.catalog import load_spec, op_names
+from kgen.catalog import load_spec, op_names, suite
 from kgen.families import family_of
 
 pytestmark = pytest.mark.gpu
@@ -36,18 +36,51 @@ def libraries(built):
     return {op: built(op)[1] for op in OPS}
 
 
+def differentiated(op) -> list[str]:
+    """The inputs the op's backward gives a gradient (a rotary op's tables and coordinates get none)."""
+    back = backward_spec(op)
+    outs = {t.name for t in back.outputs} | set(back.shared)
+    return [t.name for t in load_spec(op).inputs if gradient_name(t.name) in outs]
+
+
+def at(op, shape):
+    """The op's shape and params for a test shape ([rows, hidden] or [B, S, hidden]). A rotary op: hidden
+    made even (it holds pairs), the rank of its benchmark shapes (what its peers take: [B, H, T, D] for
+    transformers' rope, one head); grid angles over a latent grid like LTX-Video's (at most 16 × 24 a frame,
+    so the coordinates, and the fp32 angles' error, stay as in a model), the tokens rounded up to fill it."""
+    spec = load_spec(op)
+    params = [p.default for p in spec.params]
+    if spec.structure.kind != "rotary":
+        return tuple(shape), params
+    rank = len(suite(op)[0].shape)
+    shape = (*shape[:-1], shape[-1] + shape[-1] % 2)
+    shape = (shape[0] if len(shape) == 3 else 1,) + (1,) * (rank - 3) + shape[-2:]
+    if spec.structure.grid is not None and spec.structure.grid.sizes:
+        tokens = shape[1]
+        width = min(tokens, 24)
+        height = min(-(-tokens // width), 16)
+        frames = -(-tokens // (width * height))
+        shape = (shape[0], frames * height * width, shape[2])
+        sizes = dict(zip(spec.structure.grid.sizes, (frames, height, width)))
+        params = [sizes.get(p.name, p.default) for p in spec.params]
+    return shape, params
+
+
 def leaves(op, shape, dtype, gen, magnitude=1.0, present=None):
-    """The op's inputs requiring grad (None for the optional inputs ``present`` leaves out)."""
+    """The op's inputs at `at(op, shape)`, those with a gradient requiring it (None for the optional inputs
+    ``present`` leaves out), and its params."""
+    shape, params = at(op, shape)
+    wanted = differentiated(op)
+    inputs = example_inputs(load_spec(op), shape, dtype, generator=gen, magnitude=magnitude, present=present)
     return [
-        None if t is None else t.requires_grad_()
-        for t in example_inputs(
-            load_spec(op), shape, dtype, generator=gen, magnitude=magnitude, present=present
-        )
-    ]
+        t.requires_grad_() if t is not None and spec_t.name in wanted else t
+        for t, spec_t in zip(inputs, load_spec(op).inputs)
+    ], params
 
 
 def given_(inputs):
-    return [t for t in inputs if t is not None]
+    """The inputs a gradient is taken of."""
+    return [t for t in inputs if t is not None and t.requires_grad]
 
 
 def as_tuple(out) -> tuple:
@@ -60,30 +93,30 @@ def random_grads(outs, gen, dtype, layout=lambda g: g) -> list:
     return [layout(torch.randn(o.shape, generator=gen, device="cuda").to(dtype)) for o in outs]
 
 
-def expected_grads(op, inputs, grads, convention):
-    """float64 autograd of the reference, for the given inputs (an absent one has none)."""
+def expected_grads(op, inputs, params, grads, convention):
+    """float64 autograd of the reference, for the given inputs that have a gradient."""
     spec = load_spec(op)
     named = dict(zip((t.name for t in spec.inputs), inputs))
     named |= {gradient_name(t.name): g for t, g in zip(spec.outputs, grads)}
     back = backward_spec(op)
-    found = back.reference(*(named[t.name] for t in back.inputs), convention=convention)
+    found = back.reference(*(named[t.name] for t in back.inputs), *params, convention=convention)
     by_name = dict(zip((t.name for t in back.outputs), found))  # an input sharing another's: that one
-    want = [by_name[back.shared.get(g, g)] for g in (gradient_name(t.name) for t in spec.inputs)]
-    return [w for t, w in zip(inputs, want) if t is not None]
+    wanted = [t for t, v in zip(spec.inputs, inputs) if v is not None and v.requires_grad]
+    return [by_name[back.shared.get(g, g)] for g in (gradient_name(t.name) for t in wanted)]
 
 
-def library_grads(op, inputs, grads: list, want):
+def library_grads(op, inputs, params, grads: list, want):
     """The gradients of the most accurate peer installed (the libraries the op replaces) under eager
-    autograd, in the inputs' dtype, called with the params' defaults."""
+    autograd, in the inputs' dtype."""
     spec = load_spec(op)
     best, best_error = None, float("inf")
     for peer in spec.peers.values():
-        leaves_ = [None if t is None else t.detach().clone().requires_grad_() for t in inputs]
+        leaves_ = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
         try:
-            out = as_tuple(peer(*leaves_, *(p.default for p in spec.params)))
+            out = as_tuple(peer(*leaves_, *params))
             found = torch.autograd.grad(out, given_(leaves_), grads)
-        # Liger: not installed, its backward refuses 3-d inputs, or an absent weight
-        except (ImportError, RuntimeError, AttributeError, TypeError):
+        # Liger: not installed, its backward refuses 3-d inputs, an absent weight or one head of [B, H, T, D]
+        except (ImportError, RuntimeError, AttributeError, TypeError, ValueError, IndexError):
             continue
         error = max(
             ((f.double() - w).abs().nan_to_num(0).max().item() for f, w in zip(found, want)), default=0
@@ -102,8 +135,8 @@ def assert_close_to_reference(op, got, want, library, dtype, names=None, allowan
     intermediates too, and 2 covers the worst element where two of its roundings happen to cancel), plus
     two unit roundoffs of the dtype times the largest gradient (one rounding of the result, where the
     library's error is smaller). ``allowance`` (factor, floor) replaces the 2 and adds an absolute floor, for
-    row reductions (see `reduction_allowance`)."""
-    names = names or [t.name for t in load_spec(op).inputs]
+    row reductions and grid angles (see `allowance`)."""
+    names = names or differentiated(op)
     for name, g, w, lib in zip(names, got, want, library):
         assert g.shape == w.shape and g.dtype == dtype, name
         assert torch.equal(torch.isnan(g), torch.isnan(w)), (
@@ -127,25 +160,36 @@ def assert_close_to_reference(op, got, want, library, dtype, names=None, allowan
         )
 
 
-def reduction_allowance(op, inputs, grads: list) -> tuple[int, float]:
-    """(factor, floor) for `assert_close_to_reference`: (2, 0) except for an op whose backward reduces rows.
+def allowance(op, inputs, grads: list) -> tuple[int, float]:
+    """(factor, floor) for `assert_close_to_reference`: (2, 0), except for a rotation with grid angles and an
+    op whose backward reduces rows.
+
+    Grid angles are computed in the kernel in fp32, in another order than the fp32 tables the reference and
+    the library build (diffusers' steps): the family's tolerance for that (`check_tolerance`, the one `kgen
+    check` uses for the forward) times the largest incoming gradient is the floor.
+
     Its derived dx adds the row's terms (up to |dy|·|w|·rstd) before they cancel, where ATen's norms factor
     them first (rstd·(dy·w - mean(dy·w) - x̂·mean(dy·w·x̂))); in a row whose dx nearly cancels both lose digits
     to fp32 roundoff, the derived form more: float32 layernorm at hidden 2 measured 3× F.layer_norm's error
-    (2.1e-7 against 7e-8 on a dx of 3.7e-5). There the factor is 4. A one-element row normalises to a
-    constant: dx cancels to 0 (layernorm) or nearly (rmsnorm), from terms up to |dy|·|w|/sqrt(eps) (w the
-    weight, 1 when absent); the floor is 8 fp32 unit roundoffs of that scale."""
-    if backward_spec(op).structure.kind != "column_reduce":
-        return 2, 0.0
-    if inputs[0].shape[-1] != 1:
-        return 4, 0.0
+    (2.1e-7 against 7e-8 on a dx of 3.7e-5), float16 at hidden 2 5× (2.2e-7 against 4.4e-8 on a dx of 2e-5).
+    There the factor is 4, and the floor is 8 fp32 unit roundoffs of the terms' scale |dy|·|w|·rstd (w the
+    weights, 1 when absent; rstd at most 1/sqrt(var + eps) of the normalised row, the row inputs' sum:
+    1/sqrt(eps) for a one-element row, which normalises to a constant and whose dx cancels to 0 or nearly)."""
     spec = load_spec(op)
+    if backward_spec(op).structure.kind != "column_reduce":
+        angles, _ = family_of(spec).check_tolerance(spec, 0.0, 0.0)
+        return 2, angles * max(g.abs().max().item() for g in grads)
     eps = min(p.default for p in spec.params if p.name == "eps")
+    lead = inputs[0]
+    normalised = sum(
+        v.detach().double()
+        for t, v in zip(spec.inputs, inputs)
+        if v is not None and not t.column and v.shape == lead.shape
+    )
+    rstd = (normalised.var(-1, unbiased=False) + eps).rsqrt().max().item()
     columns = [v for t, v in zip(spec.inputs, inputs) if t.column and v is not None]
     scale = (
-        max(g.abs().max().item() for g in grads)
-        * max([1.0] + [v.abs().max().item() for v in columns])
-        / eps**0.5
+        max(g.abs().max().item() for g in grads) * max([1.0] + [v.abs().max().item() for v in columns]) * rstd
     )
     return 4, 8 * 2.0**-24 * scale
 
@@ -162,7 +206,7 @@ GRAD_LAYOUTS = {
 @st.composite
 def cases(draw):
     op = draw(st.sampled_from(OPS))
-    # a one-element row of a reduction is degenerate (see reduction_allowance): test_edge_shapes covers it
+    # a one-element row of a reduction is degenerate (see allowance): test_edge_shapes covers it
     low = 2 if backward_spec(op).structure.kind == "column_reduce" else 1
     hidden = draw(
         st.one_of(st.integers(low, 70), st.sampled_from([127, 128, 4095, 4096, 8192]), st.integers(70, 20000))
@@ -187,15 +231,15 @@ def test_gradients_match_float64_autograd(libraries, case):
     if refused(dtype):
         return  # the forward refuses the dtype (test_ops_gpu checks the refusal)
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
-    inputs = leaves(op, case["shape"], dtype, gen, case["magnitude"], case["present"])
-    outs = as_tuple(getattr(libraries[op], op)(*inputs, convention=convention))
+    inputs, params = leaves(op, case["shape"], dtype, gen, case["magnitude"], case["present"])
+    outs = as_tuple(getattr(libraries[op], op)(*inputs, *params, convention=convention))
     grads = random_grads(outs, gen, dtype, GRAD_LAYOUTS[case["layout"]])
     poison_allocator(inputs[0].numel(), dtype, len(inputs))
     got = torch.autograd.grad(outs, given_(inputs), grads)
-    want = expected_grads(op, inputs, grads, convention)
-    names = [t.name for t, v in zip(load_spec(op).inputs, inputs) if v is not None]
-    library = library_grads(op, inputs, grads, want)
-    assert_close_to_reference(op, got, want, library, dtype, names, reduction_allowance(op, inputs, grads))
+    want = expected_grads(op, inputs, params, grads, convention)
+    names = [t.name for t, v in zip(load_spec(op).inputs, inputs) if v is not None and v.requires_grad]
+    library = library_grads(op, inputs, params, grads, want)
+    assert_close_to_reference(op, got, want, library, dtype, names, allowance(op, inputs, grads))
 
 
 TALL = [(70000, 64), (3000, 4096), (2, 700, 5120), (600, 20000)]  # many rows per row slot; 20000: re-read
@@ -208,15 +252,16 @@ def test_tall_shapes_and_gradients_summed_over_rows_repeat_bitwise(libraries, op
     gradients against float64, and three runs bitwise equal (the partial sums are added in a fixed order)."""
     dtype = torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(len(shape) + shape[-1])
-    inputs = leaves(op, shape, dtype, gen)
-    outs = as_tuple(getattr(libraries[op], op)(*inputs))
+    inputs, params = leaves(op, shape, dtype, gen)
+    outs = as_tuple(getattr(libraries[op], op)(*inputs, *params))
     grads = random_grads(outs, gen, dtype)
-    runs = [torch.autograd.grad(outs, inputs, grads, retain_graph=True) for _ in range(3)]
+    runs = [torch.autograd.grad(outs, given_(inputs), grads, retain_graph=True) for _ in range(3)]
     for again in runs[1:]:
         for a, b in zip(runs[0], again):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    want = expected_grads(op, inputs, grads, load_spec(op).default_convention)
-    assert_close_to_reference(op, runs[0], want, library_grads(op, inputs, grads, want), dtype)
+    want = expected_grads(op, inputs, params, grads, load_spec(op).default_convention)
+    library = library_grads(op, inputs, params, grads, want)
+    assert_close_to_reference(op, runs[0], want, library, dtype, allowance=allowance(op, inputs, grads))
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -224,31 +269,29 @@ def test_tall_shapes_and_gradients_summed_over_rows_repeat_bitwise(libraries, op
 @pytest.mark.parametrize("shape", [(1, 1), (1, 3), (5, 7), (3, 4100), (2, 3, 8192)])
 def test_edge_shapes_every_convention(libraries, op, dtype, shape):
     gen = torch.Generator(device="cuda").manual_seed(sum(shape))
-    inputs = leaves(op, shape, dtype, gen)
+    inputs, params = leaves(op, shape, dtype, gen)
     for convention in (c.name for c in load_spec(op).structure.conventions):
-        outs = as_tuple(getattr(libraries[op], op)(*inputs, convention=convention))
+        outs = as_tuple(getattr(libraries[op], op)(*inputs, *params, convention=convention))
         grads = random_grads(outs, gen, dtype)
         poison_allocator(inputs[0].numel(), dtype, len(inputs))
-        got = torch.autograd.grad(outs, inputs, grads)
-        want = expected_grads(op, inputs, grads, convention)
-        library = library_grads(op, inputs, grads, want)
-        assert_close_to_reference(
-            op, got, want, library, dtype, allowance=reduction_allowance(op, inputs, grads)
-        )
+        got = torch.autograd.grad(outs, given_(inputs), grads)
+        want = expected_grads(op, inputs, params, grads, convention)
+        library = library_grads(op, inputs, params, grads, want)
+        assert_close_to_reference(op, got, want, library, dtype, allowance=allowance(op, inputs, grads))
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_zero_stride_gradient_from_sum(libraries, op):
     """out.sum().backward() hands the backward an expanded (all-zero strides) gradient (each output's)."""
     dtype = torch.float32
-    inputs = leaves(op, (33, 520), dtype, torch.Generator(device="cuda").manual_seed(1))
-    outs = as_tuple(getattr(libraries[op], op)(*inputs))
+    inputs, params = leaves(op, (33, 520), dtype, torch.Generator(device="cuda").manual_seed(1))
+    outs = as_tuple(getattr(libraries[op], op)(*inputs, *params))
     sum(o.sum() for o in outs).backward()
     ones = [torch.ones_like(o) for o in outs]
-    want = expected_grads(op, inputs, ones, load_spec(op).default_convention)
-    assert_close_to_reference(
-        op, [t.grad for t in inputs], want, library_grads(op, inputs, ones, want), dtype
-    )
+    want = expected_grads(op, inputs, params, ones, load_spec(op).default_convention)
+    library = library_grads(op, inputs, params, ones, want)
+    got = [t.grad for t in given_(inputs)]
+    assert_close_to_reference(op, got, want, library, dtype, allowance=allowance(op, inputs, ones))
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -260,11 +303,24 @@ def test_opcheck_with_inputs_that_require_grad(libraries, op):
     optional = [t.name for t in spec.inputs if t.optional]
     for convention in spec.structure.conventions:
         for present in [None, dict.fromkeys(optional, False)] if optional else [None]:
-            inputs = leaves(op, (4, 264), torch.float32, gen, present=present)
-            params = [p.default for p in spec.params]
+            inputs, params = leaves(op, (4, 264), torch.float32, gen, present=present)
             torch.library.opcheck(
                 getattr(libraries[op].ops, spec.variant(convention.name)), (*inputs, *params)
             )
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if len(differentiated(op)) < len(load_spec(op).inputs)])
+def test_an_input_without_a_gradient_refuses_requiring_one(libraries, op):
+    """A rotary op's tables (and coordinates) are constants of its backward: requiring a gradient of one
+    raises instead of leaving it silently without."""
+    inputs, params = leaves(op, (4, 64), torch.float32, torch.Generator(device="cuda").manual_seed(7))
+    constant = next(i for i, v in enumerate(inputs) if v is not None and not v.requires_grad)
+    inputs[constant].requires_grad_()
+    name = load_spec(op).inputs[constant].name
+    with pytest.raises(ValueError, match=f"{name} requires grad, but"):
+        getattr(libraries[op], op)(*inputs, *params)
+    with torch.no_grad():  # no gradient is recorded: no refusal
+        getattr(libraries[op], op)(*inputs, *params)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -275,16 +331,16 @@ def test_compiled_training_step_has_no_graph_break_and_matches_eager(libraries, 
     torch._dynamo.reset()
     fn = getattr(libraries[op], op)
     gen = torch.Generator(device="cuda").manual_seed(4)
-    inputs = leaves(op, (64, 1024), dtype, gen)
+    inputs, params = leaves(op, (64, 1024), dtype, gen)
     # the loss around the op is exact in both (its gradient is the weight, rounded to the dtype once), so any
     # difference would be the op's
     weight = torch.randn(1024, generator=gen, device="cuda").to(dtype).float()
 
     def step(*args):
-        return sum((o.float() * weight).sum() for o in as_tuple(fn(*args)))
+        return sum((o.float() * weight).sum() for o in as_tuple(fn(*args, *params)))
 
-    eager = torch.autograd.grad(step(*inputs), inputs)
-    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*inputs), inputs)
+    eager = torch.autograd.grad(step(*inputs), given_(inputs))
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*inputs), given_(inputs))
     for e, c in zip(eager, compiled):
         torch.testing.assert_close(c, e, rtol=0, atol=0)
 
@@ -294,34 +350,35 @@ def test_activation_checkpointing(libraries, op):
     from torch.utils.checkpoint import checkpoint
 
     fn = getattr(libraries[op], op)
-    inputs = leaves(op, (16, 2048), torch.bfloat16, torch.Generator(device="cuda").manual_seed(5))
+    inputs, params = leaves(op, (16, 2048), torch.bfloat16, torch.Generator(device="cuda").manual_seed(5))
 
     def loss(*args):
-        return sum(o.float().square().sum() for o in as_tuple(fn(*args)))
+        return sum(o.float().square().sum() for o in as_tuple(fn(*args, *params)))
 
-    plain = torch.autograd.grad(loss(*inputs), inputs)
-    again = torch.autograd.grad(checkpoint(loss, *inputs, use_reentrant=False), inputs)
+    plain = torch.autograd.grad(loss(*inputs), given_(inputs))
+    again = torch.autograd.grad(checkpoint(loss, *inputs, use_reentrant=False), given_(inputs))
     for p, a in zip(plain, again):
         assert torch.equal(p, a)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_nan_stays_where_the_reference_has_it_and_runs_repeat_bitwise(libraries, op):
-    """At its position for an elementwise op; in its row, and in every gradient summed over the rows, for a
-    row reduction: as float64 autograd of the reference."""
+    """A NaN in the lead input and one in the first output's incoming gradient: at their positions for an
+    elementwise op (and the partner's for a rotation, which never sees the input); in their rows, and in every
+    gradient summed over the rows, for a row reduction: as float64 autograd of the reference."""
     fn = getattr(libraries[op], op)
-    inputs = [
-        t.detach()
-        for t in leaves(op, (8, 4096), torch.bfloat16, torch.Generator(device="cuda").manual_seed(6))
-    ]
-    inputs[0][3, 17] = float("nan")
-    inputs = [t.requires_grad_() for t in inputs]
-    outs = as_tuple(fn(*inputs))
+    inputs, params = leaves(op, (8, 4096), torch.bfloat16, torch.Generator(device="cuda").manual_seed(6))
+    inputs = [None if t is None else t.detach() for t in inputs]
+    inputs[0].view(-1, inputs[0].shape[-1])[3, 17] = float("nan")
+    wanted = differentiated(op)
+    inputs = [t.requires_grad_() if s.name in wanted else t for t, s in zip(inputs, load_spec(op).inputs)]
+    outs = as_tuple(fn(*inputs, *params))
     grads = [torch.ones_like(o) for o in outs]
-    first = torch.autograd.grad(outs, inputs, grads, retain_graph=True)
-    second = torch.autograd.grad(outs, inputs, grads)
-    want = expected_grads(op, inputs, grads, load_spec(op).default_convention)
-    assert first[0].isnan().any()  # x's gradient (a bias's, Σ dy, never sees x)
+    grads[0].view(-1, grads[0].shape[-1])[5, 40] = float("nan")
+    first = torch.autograd.grad(outs, given_(inputs), grads, retain_graph=True)
+    second = torch.autograd.grad(outs, given_(inputs), grads)
+    want = expected_grads(op, inputs, params, grads, load_spec(op).default_convention)
+    assert first[0].isnan().any()
     for f, s, w in zip(first, second, want):
         assert torch.equal(f.isnan(), w.isnan())
         assert torch.equal(f.view(torch.int16), s.view(torch.int16))

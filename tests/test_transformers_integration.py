@@ -196,30 +196,37 @@ def grads(model, ids, labels) -> dict[str, torch.Tensor]:
     return {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
-def test_training_mode_gradients_of_every_parameter_flow(kind, served_ops, build_root):
-    """kernelize(mode=Mode.TRAINING) serves the norms and MLPs (their layers have derived backwards); one
-    training step's bf16 gradients of every parameter are as close to the fp32 model's as transformers'
-    own bf16 gradients are."""
+def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops, build_root, monkeypatch):
+    """kernelize(mode=Mode.TRAINING) serves the norms and MLPs (their layers have derived backwards), and the
+    rotary embedding on request; one training step's bf16 gradients of every parameter are as close to the
+    fp32 model's as transformers' own bf16 gradients are."""
     import copy
 
     from kernels import Mode
 
     arch, calls = served_ops
+    modeling = getattr(getattr(transformers.models, kind), f"modeling_{kind}")
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # put back after
     config = SMALL if kind == "qwen3" else {k: v for k, v in SMALL.items() if k != "head_dim"}
     model = model_of(kind, config).train()
     ids, labels = (torch.randint(0, config["vocab_size"], (2, 16), device=DEVICE) for _ in range(2))
     truth = grads(model, ids, labels)
     eager = grads(copy.deepcopy(model).to(torch.bfloat16), ids, labels)
     kgen = copy.deepcopy(model).to(torch.bfloat16)
-    served = kernelize(kgen, arch=arch, root=build_root, mode=Mode.TRAINING)
-    assert sorted(set(served.values())) == ["rmsnorm.RMSNorm", "silu_mul.GatedMLP"]
+    served = kernelize(kgen, OPS + ("rope",) * rope, arch=arch, root=build_root, mode=Mode.TRAINING)
+    assert sorted(set(served.values())) == sorted(
+        ["rmsnorm.RMSNorm", "silu_mul.GatedMLP"] + ["rope.RotaryPosEmb"] * rope
+    )
     before = calls.copy()
     got = grads(kgen, ids, labels)
-    if not GPU:  # the derived backwards ran, once per served module
+    if not GPU:  # the derived backwards ran, once per served module (rope's once per layer)
         norms = sum(v == "rmsnorm.RMSNorm" for v in served.values())
         assert calls["rmsnorm_backward_transformers"] - before["rmsnorm_backward_transformers"] == norms
         assert calls["silu_mul_backward_transformers"] - before["silu_mul_backward_transformers"] > 0
+        layers = model.config.num_hidden_layers
+        assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == layers * rope
     assert got.keys() == truth.keys() == dict(model.named_parameters()).keys()
     for name, want in truth.items():
         eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()

@@ -13,8 +13,9 @@ from typing import Literal
 import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..autodiff import backward_reference, derivative, gradient_name
 from ..codegen import evaluate, statements
-from ..dsl import Identifier, OpSpec, Structure, SympyExpr, Tensor, _Model, check_symbols
+from ..dsl import Convention, Identifier, OpSpec, Structure, SympyExpr, Tensor, _Model, check_symbols
 from ..profile import ArchProfile, TuningTable
 from .base import (
     DTYPE_BYTES,
@@ -33,8 +34,10 @@ from .base import (
     vector_notes,
 )
 
-# an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second
-cos, sin, sign = sp.symbols("cos sin sign")
+# an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second;
+# cos_pair and sin_pair are the partner's table values (equal to cos and sin in every table a model builds,
+# but a backward reads them: the partner's output holds this element with the partner's angle)
+cos, sin, sign, cos_pair, sin_pair = sp.symbols("cos sin sign cos_pair sin_pair")
 # grid angles: k (a frequency's index), n_freq (how many), coord (an axis coordinate), freq
 k, n_freq, coord, freq = sp.symbols("k n_freq coord freq")
 COORDINATES = "batch axes tokens"  # a float32 [B, axes, S] tensor: each token's grid coordinates
@@ -63,7 +66,8 @@ class Rotary(Structure):
     in the I/O dtype, the lead first) into the outputs, in order: pairs (2i, 2i + 1) ("interleaved", GPT-J
     / Flux / LTX-Video) or (i, i + D/2) ("half", Llama's rotate_half). cos and sin per element come from
     the two broadcast input tensors named in ``tables`` (cos, sin), or from ``grid``. Each convention gives
-    an output its element from the input's element, ``<input>_pair``, cos, sin and sign."""
+    an output its element from the input's element, ``<input>_pair``, cos, sin, sign, and the partner's
+    cos_pair and sin_pair."""
 
     kind: str = "rotary"
     pairing: Literal["interleaved", "half"]
@@ -87,12 +91,12 @@ class Rotary(Structure):
                 for t in rotated
             )
             or rotated[0] is not spec.lead
-            or {"cos", "sin"} & set(self.rotates)
+            or {"cos", "sin", "cos_pair", "sin_pair"} & set(self.rotates)
         ):
             raise ValueError(
                 f"structure.rotates: {self.rotates} must name required '*rows hidden' inputs in the "
-                f"I/O dtype, not broadcast, the lead ({spec.lead.name!r}) first, and not named cos or "
-                "sin (the rotation's symbols)"
+                f"I/O dtype, not broadcast, the lead ({spec.lead.name!r}) first, and not named cos, sin, "
+                "cos_pair or sin_pair (the rotation's symbols)"
             )
         if None in tables or set(spec.inputs) - set(rotated) - set(tables) - set(given):
             raise ValueError(
@@ -120,7 +124,11 @@ class Rotary(Structure):
             raise ValueError("inplace: a rotary op's output may only overwrite its own rotated input")
         if self.grid is not None:
             self._check_grid(spec, tables)
-        return set(self.rotates) | {f"{n}_pair" for n in self.rotates} | {"cos", "sin", "sign"}
+        return (
+            set(self.rotates)
+            | {f"{n}_pair" for n in self.rotates}
+            | {"cos", "sin", "sign", "cos_pair", "sin_pair"}
+        )
 
     def _check_grid(self, spec: OpSpec, tables: list[Tensor]) -> None:
         grid = self.grid
@@ -282,17 +290,73 @@ class RotaryFamily(Family):
             sign = torch.tensor([-1.0, 1.0], dtype=torch.float64).repeat(hidden // 2)
         else:
             sign = torch.cat([torch.full((hidden // 2,), -1.0), torch.ones(hidden // 2)]).double()
+
+        def pair(v):  # each element's partner
+            if structure.pairing == "interleaved":
+                return v.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+            return torch.cat([v[..., hidden // 2 :], v[..., : hidden // 2]], -1)
+
+        tables = {"cos": cos, "sin": sin, "sign": sign, "cos_pair": pair(cos), "sin_pair": pair(sin)}
         io, out = io_rounding(lead.dtype), []
         for name, t in zip(structure.rotates, spec.outputs):
             v = given[name].double()
-            pair = (
-                v.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-                if structure.pairing == "interleaved"
-                else torch.cat([v[..., hidden // 2 :], v[..., : hidden // 2]], -1)
-            )
-            symbols = values | {name: v, f"{name}_pair": pair, "cos": cos, "sin": sin, "sign": sign}
+            symbols = values | tables | {name: v, f"{name}_pair": pair(v)}
             out.append(evaluate(conv.outputs[t.name], symbols, io).expand(v.shape))
         return tuple(out)
+
+    def backward(self, spec: OpSpec) -> OpSpec | None:
+        """A rotation again, of the outputs' gradients into the rotated inputs' (the transpose: rotation by
+        -θ), with the same tables or grid angles; no table or angle is saved. An element is in its own output
+        and in its partner's, so its gradient is ∂out/∂x · grad_out + ∂out_pair/∂x · grad_out_pair, the
+        second being ∂out/∂x_pair at the partner: its cos, sin and sign (-sign). The tables and coordinates
+        get no gradient (the binding refuses them requiring one). None where an output is not linear in its
+        own input and partner (the gradient would need the inputs: not a rotation)."""
+        structure = spec.structure
+        at_partner = {cos: cos_pair, sin: sin_pair, cos_pair: cos, sin_pair: sin, sign: -sign}
+        rotated = {s for n in structure.rotates for s in (n, f"{n}_pair")}
+        grads = [gradient_name(t.name) for t in spec.outputs]
+
+        def gradient(expr: sp.Expr, name: str, g: str) -> sp.Expr | None:
+            own, partner = derivative(expr, name), derivative(expr, f"{name}_pair")
+            if {str(s) for s in own.free_symbols | partner.free_symbols} & rotated:
+                return None
+            return sp.Symbol(g) * own + sp.Symbol(f"{g}_pair") * partner.xreplace(at_partner)
+
+        conventions = []
+        for c in structure.conventions:
+            outputs = {
+                gradient_name(name): gradient(c.outputs[t.name], name, g)
+                for name, t, g in zip(structure.rotates, spec.outputs, grads)
+            }
+            if None in outputs.values():
+                return None
+            matches = f"the gradient of {c.name} (roundings differentiate as the identity)"
+            conventions.append(Convention(name=c.name, matches=matches, outputs=outputs))
+        rest = [t for t in spec.inputs if t.name not in structure.rotates]
+        tensors = [
+            *(
+                Tensor(name=g, dims="*rows hidden", doc=f"the gradient of {t.name}")
+                for g, t in zip(grads, spec.outputs)
+            ),
+            *rest,
+            *(
+                Tensor(name=gradient_name(n), dims="*rows hidden", role="output", doc=f"the gradient of {n}")
+                for n in structure.rotates
+            ),
+        ]
+        return OpSpec(
+            name=f"{spec.name}_backward",
+            summary=f"the gradient of {spec.name} ({spec.summary})",
+            tensors=tensors,
+            params=spec.params,
+            structure=structure.model_copy(update={"rotates": grads, "conventions": conventions}),
+            reference=backward_reference(
+                spec,
+                [t.name for t in tensors if t.role == "input"],
+                list(structure.rotates),
+                dict(zip(structure.rotates, grads)),
+            ),
+        )
 
     def check_tolerance(self, spec: OpSpec, atol: float, rtol: float) -> tuple[float, float]:
         """Grid angles reach |freq·(2·coord - 1)| ~ 1.6e4 rad at C = 4096, where an fp32 angle is exact to
@@ -370,7 +434,7 @@ class RotaryFamily(Family):
             spec,
             names,
             lines=lambda c: {  # a function per output
-                o: statements({f"{o}_out": e}, names) for o, e in c.outputs.items()
+                o: statements({f"{o}_result": e}, names) for o, e in c.outputs.items()
             },
         )
         grid = None

@@ -223,7 +223,8 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps, int64_t convention) {
-    ctx->save_for_backward({x, residual, weight.value_or(torch::Tensor())});  // an absent input: undefined
+    // what fused_add_rmsnorm_backward reads (an absent input: undefined)
+    ctx->save_for_backward({x, residual, weight.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -243,7 +244,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
 
 // Records the backward only where a gradient is wanted; otherwise straight to the kernel.
 bool wants_grad(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps) {
-  return torch::GradMode::is_enabled() && (x.requires_grad() || residual.requires_grad() || (weight.has_value() && weight->requires_grad()));
+  if (!torch::GradMode::is_enabled()) return false;
+  return x.requires_grad() || residual.requires_grad() || (weight.has_value() && weight->requires_grad());
 }
 
 std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_autograd(const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps) {

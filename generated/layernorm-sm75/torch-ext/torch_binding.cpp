@@ -200,7 +200,8 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps, int64_t convention) {
-    ctx->save_for_backward({x, weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor())});  // an absent input: undefined
+    // what layernorm_backward reads (an absent input: undefined)
+    ctx->save_for_backward({x, weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -219,7 +220,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
 
 // Records the backward only where a gradient is wanted; otherwise straight to the kernel.
 bool wants_grad(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps) {
-  return torch::GradMode::is_enabled() && (x.requires_grad() || (weight.has_value() && weight->requires_grad()) || (bias.has_value() && bias->requires_grad()));
+  if (!torch::GradMode::is_enabled()) return false;
+  return x.requires_grad() || (weight.has_value() && weight->requires_grad()) || (bias.has_value() && bias->requires_grad());
 }
 
 torch::Tensor layernorm_autograd(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps) {

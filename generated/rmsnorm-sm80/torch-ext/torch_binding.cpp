@@ -192,7 +192,8 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps, int64_t convention) {
-    ctx->save_for_backward({x, weight.value_or(torch::Tensor())});  // an absent input: undefined
+    // what rmsnorm_backward reads (an absent input: undefined)
+    ctx->save_for_backward({x, weight.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -211,7 +212,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
 
 // Records the backward only where a gradient is wanted; otherwise straight to the kernel.
 bool wants_grad(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps) {
-  return torch::GradMode::is_enabled() && (x.requires_grad() || (weight.has_value() && weight->requires_grad()));
+  if (!torch::GradMode::is_enabled()) return false;
+  return x.requires_grad() || (weight.has_value() && weight->requires_grad());
 }
 
 torch::Tensor rmsnorm_autograd(const torch::Tensor& x, const std::optional<torch::Tensor>& weight, double eps) {

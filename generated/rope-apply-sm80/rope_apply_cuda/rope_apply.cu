@@ -89,10 +89,10 @@ struct Params {
 // Convention single_rounding: diffusers apply_rotary_emb: fp32 math, one rounding
 struct Convention_single_rounding {
   template <typename T>
-  __device__ __forceinline__ static float out(float x, float x_pair, float cos, float sin, float sign, const Params& params) {
-    float out_out;
-    out_out = cos*x + sign*sin*x_pair;
-    return out_out;
+  __device__ __forceinline__ static float out(float x, float x_pair, float cos, float sin, float cos_pair, float sin_pair, float sign, const Params& params) {
+    float out_result;
+    out_result = cos*x + sign*sin*x_pair;
+    return out_result;
   }
 };
 
@@ -185,7 +185,7 @@ rope_apply_kernel(const RopeApplyArgs args, Index chunks, Index heads_per_thread
         // the partner: the other element of the pair; sign -1 on a pair's first element
         const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
         const float sign = (kHalfPairs ? j < ELEMS : j % 2 == 0) ? -1.0f : 1.0f;
-        r[j] = Fn::template out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params);
+        r[j] = Fn::template out<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params);
       }
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 #include "../rope_apply_cuda/rope_apply.h"
+#include "../rope_apply_cuda/rope_apply_backward.h"
 #include "registration.h"
 #include "torch_binding.h"
 
@@ -177,19 +178,229 @@ torch::Tensor rope_apply(const torch::Tensor& x, const torch::Tensor& cos, const
   return run_rope_apply(x, cos, sin, kgen_rope_apply::Convention::k_single_rounding, "rope_apply");
 }
 
+// Autograd: the forward below the autograd layer, then rope_apply_backward on the saved inputs. Both are called
+// through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
+// The convention travels as its index; undefined output gradients arrive as zeros (materialized).
+const char* const kVariants[] = {"rope_apply"};
+const char* const kBackwardVariants[] = {"rope_apply_backward"};
+
+using ForwardSignature = torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&);
+using BackwardSignature = torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&);
+
+template <typename Signature, size_t N>
+std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
+  std::vector<c10::TypedOperatorHandle<Signature>> handles;
+  for (const char* name : names)
+    handles.push_back(c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string(KGEN_OPS_NAME(TORCH_EXTENSION_NAME)) + "::" + name).c_str(), "")
+                          .typed<Signature>());
+  return handles;
+}
+
+// Looked up once, at the first call (the library has registered every op by then).
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op(int64_t convention) {
+  static const auto ops = find_ops<ForwardSignature>(kVariants);
+  return ops[convention];
+}
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t convention) {
+  static const auto ops = find_ops<BackwardSignature>(kBackwardVariants);
+  return ops[convention];
+}
+
+struct Autograd : public torch::autograd::Function<Autograd> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, int64_t convention) {
+    // what rope_apply_backward reads
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["convention"] = convention;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op(convention).call(x, cos, sin);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const int64_t convention = ctx->saved_data["convention"].toInt();
+    const auto result = backward_op(convention).call(grads[0], saved[0], saved[1]);
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {result, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Records the backward only where a gradient is wanted; otherwise straight to the kernel.
+bool wants_grad(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (!torch::GradMode::is_enabled()) return false;
+  TORCH_CHECK_VALUE(!cos.requires_grad(), "rope_apply: cos requires grad, but rope_apply's derived backward ",
+                    "gives it no gradient (it is a constant of the op); detach it or compute it under torch.no_grad()");
+  TORCH_CHECK_VALUE(!sin.requires_grad(), "rope_apply: sin requires grad, but rope_apply's derived backward ",
+                    "gives it no gradient (it is a constant of the op); detach it or compute it under torch.no_grad()");
+  return x.requires_grad();
+}
+
+torch::Tensor rope_apply_autograd(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (wants_grad(x, cos, sin)) return Autograd::apply(x, cos, sin, int64_t{0});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(0).call(x, cos, sin);
+}
+
 void register_ops(torch::Library& ops) {
   ops.def("rope_apply(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   ops.impl("rope_apply", torch::kCUDA, &rope_apply);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("rope_apply", torch::kCPU, &rope_apply);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("rope_apply", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("rope_apply", torch::kAutograd, &rope_apply_autograd);
 }
 
 }  // namespace rope_apply_binding
 
+// ---------------------------------------------------------------------------------------------
+// rope_apply_backward: the gradient of rope_apply (rotary embedding from fp32 cos/sin tables, interleaved pairs (diffusers apply_rotary_emb))
+// ---------------------------------------------------------------------------------------------
+namespace rope_apply_backward_binding {
+namespace {
+
+constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
+
+// The dtype of the lead tensor (grad_out), which every other I/O tensor shares.
+kgen_rope_apply_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kgen_rope_apply_backward::DType::k_float32;
+    case at::kHalf: return kgen_rope_apply_backward::DType::k_float16;
+    case at::kBFloat16: return kgen_rope_apply_backward::DType::k_bfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": grad_out has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_86) does not ",
+                       "support; expected one of: ", kSupportedDTypes);
+  }
+}
+
+void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but grad_out is on ",
+                    lead.device().str());
+}
+
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_rope_apply_backward::RopeApplyBackwardArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {86, "sm_86", 7u, &kgen_rope_apply_backward::launch_rope_apply_backward},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_rope_apply_backward::DType dtype, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": grad_out has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_86 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
+}
+
+// A rotated tensor as [batch, heads, tokens, D]: a 4-D tensor as it is, [B, S, C] as one head, [T, D] as one batch
+// and one head. The last dim must have unit stride (anything else is copied once).
+torch::Tensor as_bhtd(const torch::Tensor& t) {
+  torch::Tensor v = t.dim() == 4 ? t : t.dim() == 3 ? t.unsqueeze(1) : t.dim() == 2 ? t.unsqueeze(0).unsqueeze(0)
+                                                                                   : t.view({1, 1, 1, -1});
+  return v.stride(3) == 1 ? v : v.contiguous();
+}
+
+torch::Tensor run_rope_apply_backward(const torch::Tensor& grad_out, const torch::Tensor& cos, const torch::Tensor& sin, kgen_rope_apply_backward::Convention convention, const char* op) {
+  check_device(grad_out, op, "grad_out", grad_out);
+  TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
+                    shape_str(grad_out.sizes()));
+  const kgen_rope_apply_backward::DType dtype = io_dtype(grad_out, op);
+  const torch::Tensor grad_out4 = as_bhtd(grad_out);
+  const int64_t batch = grad_out4.size(0), tokens = grad_out4.size(2), hidden = grad_out4.size(3);
+  TORCH_CHECK_VALUE(hidden % 2 == 0, op, ": grad_out's last dim holds pairs and must be even, got shape ", shape_str(grad_out.sizes()));
+  check_device(cos, op, "cos", grad_out);
+  TORCH_CHECK_TYPE(cos.scalar_type() == at::kFloat, op, ": cos must be float32 (the tables diffusers builds), got ",
+                   c10::toString(cos.scalar_type()));
+  // [batch or 1, tokens, D]: grad_out's shape without the head dim (a 4-D table's head dim must be 1)
+  torch::Tensor cos3 = cos.dim() == 4 && grad_out.dim() == 4 && cos.size(1) == 1 ? cos.select(1, 0) : cos;
+  TORCH_CHECK_VALUE(cos3.dim() == std::min<int64_t>(grad_out.dim(), 3), op, ": cos must have shape [B or 1, T, D] ",
+                    "(grad_out's shape without the head dim), got ", shape_str(cos.sizes()), " for grad_out of shape ", shape_str(grad_out.sizes()));
+  cos3 = cos3.dim() == 3 ? cos3 : cos3.dim() == 2 ? cos3.unsqueeze(0) : cos3.view({1, 1, -1});
+  TORCH_CHECK_VALUE((cos3.size(0) == batch || cos3.size(0) == 1) && cos3.size(1) == tokens &&
+                    cos3.size(2) == hidden, op, ": cos must have shape [B or 1, T, D] = [", std::to_string(batch),
+                    " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(cos.sizes()));
+  if (cos3.stride(2) != 1) cos3 = cos3.contiguous();
+  check_device(sin, op, "sin", grad_out);
+  TORCH_CHECK_TYPE(sin.scalar_type() == at::kFloat, op, ": sin must be float32 (the tables diffusers builds), got ",
+                   c10::toString(sin.scalar_type()));
+  // [batch or 1, tokens, D]: grad_out's shape without the head dim (a 4-D table's head dim must be 1)
+  torch::Tensor sin3 = sin.dim() == 4 && grad_out.dim() == 4 && sin.size(1) == 1 ? sin.select(1, 0) : sin;
+  TORCH_CHECK_VALUE(sin3.dim() == std::min<int64_t>(grad_out.dim(), 3), op, ": sin must have shape [B or 1, T, D] ",
+                    "(grad_out's shape without the head dim), got ", shape_str(sin.sizes()), " for grad_out of shape ", shape_str(grad_out.sizes()));
+  sin3 = sin3.dim() == 3 ? sin3 : sin3.dim() == 2 ? sin3.unsqueeze(0) : sin3.view({1, 1, -1});
+  TORCH_CHECK_VALUE((sin3.size(0) == batch || sin3.size(0) == 1) && sin3.size(1) == tokens &&
+                    sin3.size(2) == hidden, op, ": sin must have shape [B or 1, T, D] = [", std::to_string(batch),
+                    " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(sin.sizes()));
+  if (sin3.stride(2) != 1) sin3 = sin3.contiguous();
+
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  const Plans& device_plans = plans_for(grad_out, dtype, op);
+  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  if (grad_out.numel() == 0) return grad_x;
+
+  kgen_rope_apply_backward::RopeApplyBackwardArgs args{};
+  const torch::Tensor grad_x4 = as_bhtd(grad_x);
+  args.grad_out = grad_out4.data_ptr();
+  args.grad_out_batch_stride = grad_out4.stride(0);
+  args.grad_out_head_stride = grad_out4.stride(1);
+  args.grad_out_token_stride = grad_out4.stride(2);
+  args.grad_out_heads = grad_out4.size(1);
+  args.grad_x = grad_x4.data_ptr();
+  args.grad_x_batch_stride = grad_x4.stride(0);
+  args.grad_x_head_stride = grad_x4.stride(1);
+  args.grad_x_token_stride = grad_x4.stride(2);
+  args.cos = cos3.data_ptr();
+  args.cos_batch_stride = cos3.size(0) == 1 ? 0 : cos3.stride(0);
+  args.cos_token_stride = cos3.stride(1);
+  args.sin = sin3.data_ptr();
+  args.sin_batch_stride = sin3.size(0) == 1 ? 0 : sin3.stride(0);
+  args.sin_token_stride = sin3.stride(1);
+  args.batch = batch;
+  args.tokens = tokens;
+  args.hidden = hidden;
+  args.dtype = dtype;
+  args.convention = convention;
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return grad_x;
+}
+
+
+}  // namespace
+
+torch::Tensor rope_apply_backward(const torch::Tensor& grad_out, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return run_rope_apply_backward(grad_out, cos, sin, kgen_rope_apply_backward::Convention::k_single_rounding, "rope_apply_backward");
+}
+
+void register_ops(torch::Library& ops) {
+  ops.def("rope_apply_backward(Tensor grad_out, Tensor cos, Tensor sin) -> Tensor");
+  ops.impl("rope_apply_backward", torch::kCUDA, &rope_apply_backward);
+  // CPU inputs reach the same checks, so they fail with "grad_out must be a CUDA tensor".
+  ops.impl("rope_apply_backward", torch::kCPU, &rope_apply_backward);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("rope_apply_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace rope_apply_backward_binding
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   rope_apply_binding::register_ops(ops);
+  rope_apply_backward_binding::register_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

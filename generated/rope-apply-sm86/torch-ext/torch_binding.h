@@ -7,3 +7,8 @@ namespace rope_apply_binding {
 // rope_apply: convention single_rounding (diffusers apply_rotary_emb: fp32 math, one rounding)
 torch::Tensor rope_apply(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 }  // namespace rope_apply_binding
+
+namespace rope_apply_backward_binding {
+// rope_apply_backward: convention single_rounding (the gradient of single_rounding (roundings differentiate as the identity))
+torch::Tensor rope_apply_backward(const torch::Tensor& grad_out, const torch::Tensor& cos, const torch::Tensor& sin);
+}  // namespace rope_apply_backward_binding

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 #include "../rope_interleaved_cuda/rope_interleaved.h"
+#include "../rope_interleaved_cuda/rope_interleaved_backward.h"
 #include "registration.h"
 #include "torch_binding.h"
 
@@ -216,13 +217,88 @@ void rope_interleaved_transformers_(torch::Tensor& x, torch::Tensor& k, const to
   run_rope_interleaved(x, k, cos, sin, kgen_rope_interleaved::Convention::k_transformers, "rope_interleaved_transformers_", true);
 }
 
+// Autograd: the forward below the autograd layer, then rope_interleaved_backward on the saved inputs. Both are called
+// through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
+// The convention travels as its index; undefined output gradients arrive as zeros (materialized).
+const char* const kVariants[] = {"rope_interleaved", "rope_interleaved_transformers"};
+const char* const kBackwardVariants[] = {"rope_interleaved_backward", "rope_interleaved_backward_transformers"};
+
+using ForwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&);
+using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&);
+
+template <typename Signature, size_t N>
+std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
+  std::vector<c10::TypedOperatorHandle<Signature>> handles;
+  for (const char* name : names)
+    handles.push_back(c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string(KGEN_OPS_NAME(TORCH_EXTENSION_NAME)) + "::" + name).c_str(), "")
+                          .typed<Signature>());
+  return handles;
+}
+
+// Looked up once, at the first call (the library has registered every op by then).
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op(int64_t convention) {
+  static const auto ops = find_ops<ForwardSignature>(kVariants);
+  return ops[convention];
+}
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t convention) {
+  static const auto ops = find_ops<BackwardSignature>(kBackwardVariants);
+  return ops[convention];
+}
+
+struct Autograd : public torch::autograd::Function<Autograd> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin, int64_t convention) {
+    // what rope_interleaved_backward reads
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["convention"] = convention;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto outs = forward_op(convention).call(x, k, cos, sin);
+    return {std::get<0>(outs), std::get<1>(outs)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const int64_t convention = ctx->saved_data["convention"].toInt();
+    const auto result = backward_op(convention).call(grads[0], grads[1], saved[0], saved[1]);
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {std::get<0>(result), std::get<1>(result), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Records the backward only where a gradient is wanted; otherwise straight to the kernel.
+bool wants_grad(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (!torch::GradMode::is_enabled()) return false;
+  TORCH_CHECK_VALUE(!cos.requires_grad(), "rope_interleaved: cos requires grad, but rope_interleaved's derived backward ",
+                    "gives it no gradient (it is a constant of the op); detach it or compute it under torch.no_grad()");
+  TORCH_CHECK_VALUE(!sin.requires_grad(), "rope_interleaved: sin requires grad, but rope_interleaved's derived backward ",
+                    "gives it no gradient (it is a constant of the op); detach it or compute it under torch.no_grad()");
+  return x.requires_grad() || k.requires_grad();
+}
+
+std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_autograd(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (wants_grad(x, k, cos, sin)) {
+    const auto outs = Autograd::apply(x, k, cos, sin, int64_t{0});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(0).call(x, k, cos, sin);
+}
+std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_transformers_autograd(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (wants_grad(x, k, cos, sin)) {
+    const auto outs = Autograd::apply(x, k, cos, sin, int64_t{1});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(1).call(x, k, cos, sin);
+}
+
 void register_ops(torch::Library& ops) {
   ops.def("rope_interleaved(Tensor x, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   ops.impl("rope_interleaved", torch::kCUDA, &rope_interleaved);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("rope_interleaved", torch::kCPU, &rope_interleaved);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("rope_interleaved", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("rope_interleaved", torch::kAutograd, &rope_interleaved_autograd);
   ops.def("rope_interleaved_(Tensor(a!) x, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   ops.impl("rope_interleaved_", torch::kCUDA, &rope_interleaved_);
   ops.impl("rope_interleaved_", torch::kCPU, &rope_interleaved_);
@@ -233,8 +309,7 @@ void register_ops(torch::Library& ops) {
   ops.impl("rope_interleaved_transformers", torch::kCUDA, &rope_interleaved_transformers);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("rope_interleaved_transformers", torch::kCPU, &rope_interleaved_transformers);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("rope_interleaved_transformers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("rope_interleaved_transformers", torch::kAutograd, &rope_interleaved_transformers_autograd);
   ops.def("rope_interleaved_transformers_(Tensor(a!) x, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   ops.impl("rope_interleaved_transformers_", torch::kCUDA, &rope_interleaved_transformers_);
   ops.impl("rope_interleaved_transformers_", torch::kCPU, &rope_interleaved_transformers_);
@@ -245,8 +320,184 @@ void register_ops(torch::Library& ops) {
 
 }  // namespace rope_interleaved_binding
 
+// ---------------------------------------------------------------------------------------------
+// rope_interleaved_backward: the gradient of rope_interleaved (rotary embedding of q and k in one launch, interleaved pairs (GPT-J rotate_every_two))
+// ---------------------------------------------------------------------------------------------
+namespace rope_interleaved_backward_binding {
+namespace {
+
+constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
+
+// The dtype of the lead tensor (grad_out), which every other I/O tensor shares.
+kgen_rope_interleaved_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kgen_rope_interleaved_backward::DType::k_float32;
+    case at::kHalf: return kgen_rope_interleaved_backward::DType::k_float16;
+    case at::kBFloat16: return kgen_rope_interleaved_backward::DType::k_bfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": grad_out has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_100) does not ",
+                       "support; expected one of: ", kSupportedDTypes);
+  }
+}
+
+void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but grad_out is on ",
+                    lead.device().str());
+}
+
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_rope_interleaved_backward::RopeInterleavedBackwardArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {100, "sm_100", 7u, &kgen_rope_interleaved_backward::launch_rope_interleaved_backward},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_rope_interleaved_backward::DType dtype, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": grad_out has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_100 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
+}
+
+// A rotated tensor as [batch, heads, tokens, D]: a 4-D tensor as it is, [B, S, C] as one head, [T, D] as one batch
+// and one head. The last dim must have unit stride (anything else is copied once).
+torch::Tensor as_bhtd(const torch::Tensor& t) {
+  torch::Tensor v = t.dim() == 4 ? t : t.dim() == 3 ? t.unsqueeze(1) : t.dim() == 2 ? t.unsqueeze(0).unsqueeze(0)
+                                                                                   : t.view({1, 1, 1, -1});
+  return v.stride(3) == 1 ? v : v.contiguous();
+}
+
+std::tuple<torch::Tensor, torch::Tensor> run_rope_interleaved_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& cos, const torch::Tensor& sin, kgen_rope_interleaved_backward::Convention convention, const char* op) {
+  check_device(grad_out, op, "grad_out", grad_out);
+  TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
+                    shape_str(grad_out.sizes()));
+  const kgen_rope_interleaved_backward::DType dtype = io_dtype(grad_out, op);
+  const torch::Tensor grad_out4 = as_bhtd(grad_out);
+  const int64_t batch = grad_out4.size(0), tokens = grad_out4.size(2), hidden = grad_out4.size(3);
+  TORCH_CHECK_VALUE(hidden % 2 == 0, op, ": grad_out's last dim holds pairs and must be even, got shape ", shape_str(grad_out.sizes()));
+  check_device(grad_k_out, op, "grad_k_out", grad_out);
+  TORCH_CHECK_TYPE(grad_k_out.scalar_type() == grad_out.scalar_type(), op, ": grad_k_out has dtype ",
+                   c10::toString(grad_k_out.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  TORCH_CHECK_VALUE(grad_k_out.dim() == grad_out.dim() && (grad_k_out.dim() == 4
+      ? grad_k_out.size(0) == batch && grad_k_out.size(2) == tokens && grad_k_out.size(3) == hidden
+      : grad_k_out.sizes() == grad_out.sizes()), op, ": grad_k_out must match grad_out but for the head count (dim 1 of a 4-D grad_out); grad_out has shape ",
+      shape_str(grad_out.sizes()), ", grad_k_out has ", shape_str(grad_k_out.sizes()));
+  const torch::Tensor grad_k_out4 = as_bhtd(grad_k_out);
+  check_device(cos, op, "cos", grad_out);
+  TORCH_CHECK_TYPE(cos.scalar_type() == grad_out.scalar_type(), op, ": cos has dtype ",
+                   c10::toString(cos.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  // [batch or 1, tokens, D]: grad_out's shape without the head dim (a 4-D table's head dim must be 1)
+  torch::Tensor cos3 = cos.dim() == 4 && grad_out.dim() == 4 && cos.size(1) == 1 ? cos.select(1, 0) : cos;
+  TORCH_CHECK_VALUE(cos3.dim() == std::min<int64_t>(grad_out.dim(), 3), op, ": cos must have shape [B or 1, T, D] ",
+                    "(grad_out's shape without the head dim), got ", shape_str(cos.sizes()), " for grad_out of shape ", shape_str(grad_out.sizes()));
+  cos3 = cos3.dim() == 3 ? cos3 : cos3.dim() == 2 ? cos3.unsqueeze(0) : cos3.view({1, 1, -1});
+  TORCH_CHECK_VALUE((cos3.size(0) == batch || cos3.size(0) == 1) && cos3.size(1) == tokens &&
+                    cos3.size(2) == hidden, op, ": cos must have shape [B or 1, T, D] = [", std::to_string(batch),
+                    " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(cos.sizes()));
+  if (cos3.stride(2) != 1) cos3 = cos3.contiguous();
+  check_device(sin, op, "sin", grad_out);
+  TORCH_CHECK_TYPE(sin.scalar_type() == grad_out.scalar_type(), op, ": sin has dtype ",
+                   c10::toString(sin.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  // [batch or 1, tokens, D]: grad_out's shape without the head dim (a 4-D table's head dim must be 1)
+  torch::Tensor sin3 = sin.dim() == 4 && grad_out.dim() == 4 && sin.size(1) == 1 ? sin.select(1, 0) : sin;
+  TORCH_CHECK_VALUE(sin3.dim() == std::min<int64_t>(grad_out.dim(), 3), op, ": sin must have shape [B or 1, T, D] ",
+                    "(grad_out's shape without the head dim), got ", shape_str(sin.sizes()), " for grad_out of shape ", shape_str(grad_out.sizes()));
+  sin3 = sin3.dim() == 3 ? sin3 : sin3.dim() == 2 ? sin3.unsqueeze(0) : sin3.view({1, 1, -1});
+  TORCH_CHECK_VALUE((sin3.size(0) == batch || sin3.size(0) == 1) && sin3.size(1) == tokens &&
+                    sin3.size(2) == hidden, op, ": sin must have shape [B or 1, T, D] = [", std::to_string(batch),
+                    " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(sin.sizes()));
+  if (sin3.stride(2) != 1) sin3 = sin3.contiguous();
+
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  const Plans& device_plans = plans_for(grad_out, dtype, op);
+  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_k = torch::empty(grad_k_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
+
+  kgen_rope_interleaved_backward::RopeInterleavedBackwardArgs args{};
+  const torch::Tensor grad_x4 = as_bhtd(grad_x);
+  args.grad_out = grad_out4.data_ptr();
+  args.grad_out_batch_stride = grad_out4.stride(0);
+  args.grad_out_head_stride = grad_out4.stride(1);
+  args.grad_out_token_stride = grad_out4.stride(2);
+  args.grad_out_heads = grad_out4.size(1);
+  args.grad_x = grad_x4.data_ptr();
+  args.grad_x_batch_stride = grad_x4.stride(0);
+  args.grad_x_head_stride = grad_x4.stride(1);
+  args.grad_x_token_stride = grad_x4.stride(2);
+  const torch::Tensor grad_k4 = as_bhtd(grad_k);
+  args.grad_k_out = grad_k_out4.data_ptr();
+  args.grad_k_out_batch_stride = grad_k_out4.stride(0);
+  args.grad_k_out_head_stride = grad_k_out4.stride(1);
+  args.grad_k_out_token_stride = grad_k_out4.stride(2);
+  args.grad_k_out_heads = grad_k_out4.size(1);
+  args.grad_k = grad_k4.data_ptr();
+  args.grad_k_batch_stride = grad_k4.stride(0);
+  args.grad_k_head_stride = grad_k4.stride(1);
+  args.grad_k_token_stride = grad_k4.stride(2);
+  args.cos = cos3.data_ptr();
+  args.cos_batch_stride = cos3.size(0) == 1 ? 0 : cos3.stride(0);
+  args.cos_token_stride = cos3.stride(1);
+  args.sin = sin3.data_ptr();
+  args.sin_batch_stride = sin3.size(0) == 1 ? 0 : sin3.stride(0);
+  args.sin_token_stride = sin3.stride(1);
+  args.batch = batch;
+  args.tokens = tokens;
+  args.hidden = hidden;
+  args.dtype = dtype;
+  args.convention = convention;
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return std::make_tuple(grad_x, grad_k);
+}
+
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return run_rope_interleaved_backward(grad_out, grad_k_out, cos, sin, kgen_rope_interleaved_backward::Convention::k_single_rounding, "rope_interleaved_backward");
+}
+
+std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_backward_transformers(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return run_rope_interleaved_backward(grad_out, grad_k_out, cos, sin, kgen_rope_interleaved_backward::Convention::k_transformers, "rope_interleaved_backward_transformers");
+}
+
+void register_ops(torch::Library& ops) {
+  ops.def("rope_interleaved_backward(Tensor grad_out, Tensor grad_k_out, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  ops.impl("rope_interleaved_backward", torch::kCUDA, &rope_interleaved_backward);
+  // CPU inputs reach the same checks, so they fail with "grad_out must be a CUDA tensor".
+  ops.impl("rope_interleaved_backward", torch::kCPU, &rope_interleaved_backward);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("rope_interleaved_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.def("rope_interleaved_backward_transformers(Tensor grad_out, Tensor grad_k_out, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  ops.impl("rope_interleaved_backward_transformers", torch::kCUDA, &rope_interleaved_backward_transformers);
+  // CPU inputs reach the same checks, so they fail with "grad_out must be a CUDA tensor".
+  ops.impl("rope_interleaved_backward_transformers", torch::kCPU, &rope_interleaved_backward_transformers);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("rope_interleaved_backward_transformers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace rope_interleaved_backward_binding
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   rope_interleaved_binding::register_ops(ops);
+  rope_interleaved_backward_binding::register_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -89,32 +89,32 @@ struct Params {
 // Convention single_rounding: the rotation in fp32, rounded once
 struct Convention_single_rounding {
   template <typename T>
-  __device__ __forceinline__ static float out(float x, float x_pair, float cos, float sin, float sign, const Params& params) {
-    float out_out;
-    out_out = cos*x + sign*sin*x_pair;
-    return out_out;
+  __device__ __forceinline__ static float out(float x, float x_pair, float cos, float sin, float cos_pair, float sin_pair, float sign, const Params& params) {
+    float out_result;
+    out_result = cos*x + sign*sin*x_pair;
+    return out_result;
   }
   template <typename T>
-  __device__ __forceinline__ static float k_out(float k, float k_pair, float cos, float sin, float sign, const Params& params) {
-    float k_out_out;
-    k_out_out = cos*k + k_pair*sign*sin;
-    return k_out_out;
+  __device__ __forceinline__ static float k_out(float k, float k_pair, float cos, float sin, float cos_pair, float sin_pair, float sign, const Params& params) {
+    float k_out_result;
+    k_out_result = cos*k + k_pair*sign*sin;
+    return k_out_result;
   }
 };
 
 // Convention transformers: transformers GPT-J: each product in the model dtype, then the sum
 struct Convention_transformers {
   template <typename T>
-  __device__ __forceinline__ static float out(float x, float x_pair, float cos, float sin, float sign, const Params& params) {
-    float out_out;
-    out_out = round_to_io<T>(cos*x) + round_to_io<T>(sign*sin*x_pair);
-    return out_out;
+  __device__ __forceinline__ static float out(float x, float x_pair, float cos, float sin, float cos_pair, float sin_pair, float sign, const Params& params) {
+    float out_result;
+    out_result = round_to_io<T>(cos*x) + round_to_io<T>(sign*sin*x_pair);
+    return out_result;
   }
   template <typename T>
-  __device__ __forceinline__ static float k_out(float k, float k_pair, float cos, float sin, float sign, const Params& params) {
-    float k_out_out;
-    k_out_out = round_to_io<T>(cos*k) + round_to_io<T>(k_pair*sign*sin);
-    return k_out_out;
+  __device__ __forceinline__ static float k_out(float k, float k_pair, float cos, float sin, float cos_pair, float sin_pair, float sign, const Params& params) {
+    float k_out_result;
+    k_out_result = round_to_io<T>(cos*k) + round_to_io<T>(k_pair*sign*sin);
+    return k_out_result;
   }
 };
 
@@ -209,8 +209,8 @@ rope_interleaved_kernel(const RopeInterleavedArgs args, Index chunks, Index head
         // the partner: the other element of the pair; sign -1 on a pair's first element
         const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
         const float sign = (kHalfPairs ? j < ELEMS : j % 2 == 0) ? -1.0f : 1.0f;
-        r[j] = h < Index(args.x_heads) ? Fn::template out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params)
-                                  : Fn::template k_out<T>(v[j], v[partner], cos_f[j], sin_f[j], sign, params);
+        r[j] = h < Index(args.x_heads) ? Fn::template out<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params)
+                                  : Fn::template k_out<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params);
       }
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));

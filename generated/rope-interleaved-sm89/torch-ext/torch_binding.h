@@ -9,3 +9,10 @@ std::tuple<torch::Tensor, torch::Tensor> rope_interleaved(const torch::Tensor& x
 // rope_interleaved_transformers: convention transformers (transformers GPT-J: each product in the model dtype, then the sum)
 std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_transformers(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin);
 }  // namespace rope_interleaved_binding
+
+namespace rope_interleaved_backward_binding {
+// rope_interleaved_backward: convention single_rounding (the gradient of single_rounding (roundings differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& cos, const torch::Tensor& sin);
+// rope_interleaved_backward_transformers: convention transformers (the gradient of transformers (roundings differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> rope_interleaved_backward_transformers(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& cos, const torch::Tensor& sin);
+}  // namespace rope_interleaved_backward_binding

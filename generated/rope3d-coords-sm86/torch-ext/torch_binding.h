@@ -7,3 +7,8 @@ namespace rope3d_coords_binding {
 // rope3d_coords: convention single_rounding (diffusers LTXVideoRotaryPosEmbed(video_coords=...) + apply_rotary_emb: fp32 angles, one rounding)
 torch::Tensor rope3d_coords(const torch::Tensor& x, const torch::Tensor& coords, double theta, double base_frames, double base_height, double base_width);
 }  // namespace rope3d_coords_binding
+
+namespace rope3d_coords_backward_binding {
+// rope3d_coords_backward: convention single_rounding (the gradient of single_rounding (roundings differentiate as the identity))
+torch::Tensor rope3d_coords_backward(const torch::Tensor& grad_out, const torch::Tensor& coords, double theta, double base_frames, double base_height, double base_width);
+}  // namespace rope3d_coords_backward_binding

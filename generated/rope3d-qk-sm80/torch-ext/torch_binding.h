@@ -7,3 +7,8 @@ namespace rope3d_qk_binding {
 // rope3d_qk: convention single_rounding (diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb on q and k)
 std::tuple<torch::Tensor, torch::Tensor> rope3d_qk(const torch::Tensor& x, const torch::Tensor& k, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch);
 }  // namespace rope3d_qk_binding
+
+namespace rope3d_qk_backward_binding {
+// rope3d_qk_backward: convention single_rounding (the gradient of single_rounding (roundings differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor> rope3d_qk_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch);
+}  // namespace rope3d_qk_backward_binding

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 #include "../rope3d_cuda/rope3d.h"
+#include "../rope3d_cuda/rope3d_backward.h"
 #include "registration.h"
 #include "torch_binding.h"
 
@@ -193,19 +194,253 @@ torch::Tensor rope3d(const torch::Tensor& x, int64_t frames, int64_t height, int
   return run_rope3d(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch, kgen_rope3d::Convention::k_single_rounding, "rope3d");
 }
 
+// Autograd: the forward below the autograd layer, then rope3d_backward on the saved inputs. Both are called
+// through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
+// The convention travels as its index; undefined output gradients arrive as zeros (materialized).
+const char* const kVariants[] = {"rope3d"};
+const char* const kBackwardVariants[] = {"rope3d_backward"};
+
+using ForwardSignature = torch::Tensor(const torch::Tensor&, int64_t, int64_t, int64_t, double, double, double, double, double, double, double, double, double);
+using BackwardSignature = torch::Tensor(const torch::Tensor&, int64_t, int64_t, int64_t, double, double, double, double, double, double, double, double, double);
+
+template <typename Signature, size_t N>
+std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
+  std::vector<c10::TypedOperatorHandle<Signature>> handles;
+  for (const char* name : names)
+    handles.push_back(c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string(KGEN_OPS_NAME(TORCH_EXTENSION_NAME)) + "::" + name).c_str(), "")
+                          .typed<Signature>());
+  return handles;
+}
+
+// Looked up once, at the first call (the library has registered every op by then).
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op(int64_t convention) {
+  static const auto ops = find_ops<ForwardSignature>(kVariants);
+  return ops[convention];
+}
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t convention) {
+  static const auto ops = find_ops<BackwardSignature>(kBackwardVariants);
+  return ops[convention];
+}
+
+struct Autograd : public torch::autograd::Function<Autograd> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch, int64_t convention) {
+    // what rope3d_backward reads
+    ctx->save_for_backward({});
+    ctx->saved_data["convention"] = convention;
+    ctx->saved_data["frames"] = frames;
+    ctx->saved_data["height"] = height;
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["theta"] = theta;
+    ctx->saved_data["base_frames"] = base_frames;
+    ctx->saved_data["base_height"] = base_height;
+    ctx->saved_data["base_width"] = base_width;
+    ctx->saved_data["scale_t"] = scale_t;
+    ctx->saved_data["scale_h"] = scale_h;
+    ctx->saved_data["scale_w"] = scale_w;
+    ctx->saved_data["patch_t"] = patch_t;
+    ctx->saved_data["patch"] = patch;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op(convention).call(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const int64_t convention = ctx->saved_data["convention"].toInt();
+    const auto result = backward_op(convention).call(grads[0], ctx->saved_data["frames"].toInt(), ctx->saved_data["height"].toInt(), ctx->saved_data["width"].toInt(), ctx->saved_data["theta"].toDouble(), ctx->saved_data["base_frames"].toDouble(), ctx->saved_data["base_height"].toDouble(), ctx->saved_data["base_width"].toDouble(), ctx->saved_data["scale_t"].toDouble(), ctx->saved_data["scale_h"].toDouble(), ctx->saved_data["scale_w"].toDouble(), ctx->saved_data["patch_t"].toDouble(), ctx->saved_data["patch"].toDouble());
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {result, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Records the backward only where a gradient is wanted; otherwise straight to the kernel.
+bool wants_grad(const torch::Tensor& x, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch) {
+  if (!torch::GradMode::is_enabled()) return false;
+  return x.requires_grad();
+}
+
+torch::Tensor rope3d_autograd(const torch::Tensor& x, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch) {
+  if (wants_grad(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch)) return Autograd::apply(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch, int64_t{0});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(0).call(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch);
+}
+
 void register_ops(torch::Library& ops) {
   ops.def("rope3d(Tensor x, int frames, int height, int width, float theta, float base_frames, float base_height, float base_width, float scale_t, float scale_h, float scale_w, float patch_t, float patch) -> Tensor");
   ops.impl("rope3d", torch::kCUDA, &rope3d);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("rope3d", torch::kCPU, &rope3d);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("rope3d", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("rope3d", torch::kAutograd, &rope3d_autograd);
 }
 
 }  // namespace rope3d_binding
 
+// ---------------------------------------------------------------------------------------------
+// rope3d_backward: the gradient of rope3d (LTX-Video 3D rotary embedding with the angles computed in the kernel from the latent grid)
+// ---------------------------------------------------------------------------------------------
+namespace rope3d_backward_binding {
+namespace {
+
+constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
+
+// The dtype of the lead tensor (grad_out), which every other I/O tensor shares.
+kgen_rope3d_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kgen_rope3d_backward::DType::k_float32;
+    case at::kHalf: return kgen_rope3d_backward::DType::k_float16;
+    case at::kBFloat16: return kgen_rope3d_backward::DType::k_bfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": grad_out has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_90) does not ",
+                       "support; expected one of: ", kSupportedDTypes);
+  }
+}
+
+void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but grad_out is on ",
+                    lead.device().str());
+}
+
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_rope3d_backward::Rope3DBackwardArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {90, "sm_90", 7u, &kgen_rope3d_backward::launch_rope3d_backward},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_rope3d_backward::DType dtype, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": grad_out has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_90 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
+}
+
+// A rotated tensor as [batch, heads, tokens, D]: a 4-D tensor as it is, [B, S, C] as one head, [T, D] as one batch
+// and one head. The last dim must have unit stride (anything else is copied once).
+torch::Tensor as_bhtd(const torch::Tensor& t) {
+  torch::Tensor v = t.dim() == 4 ? t : t.dim() == 3 ? t.unsqueeze(1) : t.dim() == 2 ? t.unsqueeze(0).unsqueeze(0)
+                                                                                   : t.view({1, 1, 1, -1});
+  return v.stride(3) == 1 ? v : v.contiguous();
+}
+
+torch::Tensor run_rope3d_backward(const torch::Tensor& grad_out, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch, kgen_rope3d_backward::Convention convention, const char* op) {
+  check_device(grad_out, op, "grad_out", grad_out);
+  TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
+                    shape_str(grad_out.sizes()));
+  const kgen_rope3d_backward::DType dtype = io_dtype(grad_out, op);
+  const torch::Tensor grad_out4 = as_bhtd(grad_out);
+  const int64_t batch = grad_out4.size(0), tokens = grad_out4.size(2), hidden = grad_out4.size(3);
+  TORCH_CHECK_VALUE(hidden % 2 == 0, op, ": grad_out's last dim holds pairs and must be even, got shape ", shape_str(grad_out.sizes()));
+
+  TORCH_CHECK_VALUE(frames > 0, op, ": frames must be an integer > 0, got ", std::to_string(frames));
+  TORCH_CHECK_VALUE(height > 0, op, ": height must be an integer > 0, got ", std::to_string(height));
+  TORCH_CHECK_VALUE(width > 0, op, ": width must be an integer > 0, got ", std::to_string(width));
+  const float theta_f = static_cast<float>(theta);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(theta_f) && theta_f > 0, op, ": theta must be a finite number > 0 in float32, got ",
+                    number_str(theta));
+  const float base_frames_f = static_cast<float>(base_frames);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_frames_f) && base_frames_f > 0, op, ": base_frames must be a finite number > 0 in float32, got ",
+                    number_str(base_frames));
+  const float base_height_f = static_cast<float>(base_height);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_height_f) && base_height_f > 0, op, ": base_height must be a finite number > 0 in float32, got ",
+                    number_str(base_height));
+  const float base_width_f = static_cast<float>(base_width);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(base_width_f) && base_width_f > 0, op, ": base_width must be a finite number > 0 in float32, got ",
+                    number_str(base_width));
+  const float scale_t_f = static_cast<float>(scale_t);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(scale_t_f) && scale_t_f > 0, op, ": scale_t must be a finite number > 0 in float32, got ",
+                    number_str(scale_t));
+  const float scale_h_f = static_cast<float>(scale_h);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(scale_h_f) && scale_h_f > 0, op, ": scale_h must be a finite number > 0 in float32, got ",
+                    number_str(scale_h));
+  const float scale_w_f = static_cast<float>(scale_w);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(scale_w_f) && scale_w_f > 0, op, ": scale_w must be a finite number > 0 in float32, got ",
+                    number_str(scale_w));
+  const float patch_t_f = static_cast<float>(patch_t);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(patch_t_f) && patch_t_f > 0, op, ": patch_t must be a finite number > 0 in float32, got ",
+                    number_str(patch_t));
+  const float patch_f = static_cast<float>(patch);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(patch_f) && patch_f > 0, op, ": patch must be a finite number > 0 in float32, got ",
+                    number_str(patch));
+  TORCH_CHECK_VALUE(grad_out.dim() == 3, op, ": grad_out must be [B, S, C] with S = frames·height·width tokens in row-major order, got shape ",
+                    shape_str(grad_out.sizes()));
+  TORCH_CHECK_VALUE(frames * height * width == tokens, op, ": grad_out has ", std::to_string(tokens), " tokens per batch but ",
+                    "frames·height·width = ", std::to_string(frames), "·", std::to_string(height), "·", std::to_string(width));
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  const Plans& device_plans = plans_for(grad_out, dtype, op);
+  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  if (grad_out.numel() == 0) return grad_x;
+
+  kgen_rope3d_backward::Rope3DBackwardArgs args{};
+  const torch::Tensor grad_x4 = as_bhtd(grad_x);
+  args.grad_out = grad_out4.data_ptr();
+  args.grad_out_batch_stride = grad_out4.stride(0);
+  args.grad_out_head_stride = grad_out4.stride(1);
+  args.grad_out_token_stride = grad_out4.stride(2);
+  args.grad_out_heads = grad_out4.size(1);
+  args.grad_x = grad_x4.data_ptr();
+  args.grad_x_batch_stride = grad_x4.stride(0);
+  args.grad_x_head_stride = grad_x4.stride(1);
+  args.grad_x_token_stride = grad_x4.stride(2);
+  args.batch = batch;
+  args.tokens = tokens;
+  args.hidden = hidden;
+  args.frames = frames;
+  args.height = height;
+  args.width = width;
+  args.theta = theta_f;
+  args.base_frames = base_frames_f;
+  args.base_height = base_height_f;
+  args.base_width = base_width_f;
+  args.scale_t = scale_t_f;
+  args.scale_h = scale_h_f;
+  args.scale_w = scale_w_f;
+  args.patch_t = patch_t_f;
+  args.patch = patch_f;
+  args.dtype = dtype;
+  args.convention = convention;
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return grad_x;
+}
+
+
+}  // namespace
+
+torch::Tensor rope3d_backward(const torch::Tensor& grad_out, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch) {
+  return run_rope3d_backward(grad_out, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch, kgen_rope3d_backward::Convention::k_single_rounding, "rope3d_backward");
+}
+
+void register_ops(torch::Library& ops) {
+  ops.def("rope3d_backward(Tensor grad_out, int frames, int height, int width, float theta, float base_frames, float base_height, float base_width, float scale_t, float scale_h, float scale_w, float patch_t, float patch) -> Tensor");
+  ops.impl("rope3d_backward", torch::kCUDA, &rope3d_backward);
+  // CPU inputs reach the same checks, so they fail with "grad_out must be a CUDA tensor".
+  ops.impl("rope3d_backward", torch::kCPU, &rope3d_backward);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("rope3d_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace rope3d_backward_binding
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   rope3d_binding::register_ops(ops);
+  rope3d_backward_binding::register_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -7,3 +7,8 @@ namespace rope3d_binding {
 // rope3d: convention single_rounding (diffusers LTXVideoRotaryPosEmbed + apply_rotary_emb: fp32 angles, fp32 math, one rounding)
 torch::Tensor rope3d(const torch::Tensor& x, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch);
 }  // namespace rope3d_binding
+
+namespace rope3d_backward_binding {
+// rope3d_backward: convention single_rounding (the gradient of single_rounding (roundings differentiate as the identity))
+torch::Tensor rope3d_backward(const torch::Tensor& grad_out, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch);
+}  // namespace rope3d_backward_binding

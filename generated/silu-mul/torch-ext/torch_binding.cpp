@@ -194,7 +194,8 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& up, int64_t convention) {
-    ctx->save_for_backward({x, up});  // an absent input: undefined
+    // what silu_mul_backward reads
+    ctx->save_for_backward({x, up});
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op(convention).call(x, up);
@@ -212,7 +213,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
 
 // Records the backward only where a gradient is wanted; otherwise straight to the kernel.
 bool wants_grad(const torch::Tensor& x, const torch::Tensor& up) {
-  return torch::GradMode::is_enabled() && (x.requires_grad() || up.requires_grad());
+  if (!torch::GradMode::is_enabled()) return false;
+  return x.requires_grad() || up.requires_grad();
 }
 
 torch::Tensor silu_mul_autograd(const torch::Tensor& x, const torch::Tensor& up) {

@@ -48,4 +48,17 @@ def _rope_apply_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 _register_fake("rope_apply", _rope_apply_fake)
 
 
+def _rope_apply_backward_fake(grad_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_apply_backward."""
+    torch._check(grad_out.dim() >= 1, lambda: "rope_apply_backward: grad_out must have at least one dim")
+    torch._check(cos.dtype == torch.float32, lambda: "rope_apply_backward: cos must be float32")
+    torch._check(cos.shape[-1] == grad_out.shape[-1], lambda: "rope_apply_backward: cos must have grad_out's last dim")
+    torch._check(sin.dtype == torch.float32, lambda: "rope_apply_backward: sin must be float32")
+    torch._check(sin.shape[-1] == grad_out.shape[-1], lambda: "rope_apply_backward: sin must have grad_out's last dim")
+    return torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device)
+
+
+_register_fake("rope_apply_backward", _rope_apply_backward_fake)
+
+
 __all__ = ["rope_apply", "layers", "CONVENTIONS"]

@@ -12,7 +12,7 @@ class RotaryPosEmb(torch.nn.Module):
     """Replaces transformers.models.llama.modeling_llama.apply_rotary_pos_emb, transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb; convention transformers."""
 
     can_torch_compile: bool = True
-    has_backward: bool = False
+    has_backward: bool = True
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1) -> tuple[torch.Tensor, ...]:
         torch._check(unsqueeze_dim == 1, lambda: f"RotaryPosEmb computes unsqueeze_dim=1 only, got {unsqueeze_dim}")

@@ -71,4 +71,20 @@ _register_fake("rope_transformers", _rope_fake)
 _register_fake("rope_transformers_", _rope_inplace_fake)
 
 
+def _rope_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_backward."""
+    torch._check(grad_out.dim() >= 1, lambda: "rope_backward: grad_out must have at least one dim")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope_backward: grad_k_out must have the dtype of grad_out")
+    torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope_backward: grad_k_out must have grad_out's last dim")
+    torch._check(cos.dtype == grad_out.dtype, lambda: "rope_backward: cos must have the dtype of grad_out")
+    torch._check(cos.shape[-1] == grad_out.shape[-1], lambda: "rope_backward: cos must have grad_out's last dim")
+    torch._check(sin.dtype == grad_out.dtype, lambda: "rope_backward: sin must have the dtype of grad_out")
+    torch._check(sin.shape[-1] == grad_out.shape[-1], lambda: "rope_backward: sin must have grad_out's last dim")
+    return (torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device), torch.empty(grad_k_out.shape, dtype=grad_out.dtype, device=grad_out.device))
+
+
+_register_fake("rope_backward", _rope_backward_fake)
+_register_fake("rope_backward_transformers", _rope_backward_fake)
+
+
 __all__ = ["rope", "rope_", "layers", "CONVENTIONS"]

@@ -57,4 +57,15 @@ def _rope3d_qk_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: i
 _register_fake("rope3d_qk", _rope3d_qk_fake)
 
 
+def _rope3d_qk_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk_backward."""
+    torch._check(grad_out.dim() >= 1, lambda: "rope3d_qk_backward: grad_out must have at least one dim")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope3d_qk_backward: grad_k_out must have the dtype of grad_out")
+    torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope3d_qk_backward: grad_k_out must have grad_out's last dim")
+    return (torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device), torch.empty(grad_k_out.shape, dtype=grad_out.dtype, device=grad_out.device))
+
+
+_register_fake("rope3d_qk_backward", _rope3d_qk_backward_fake)
+
+
 __all__ = ["rope3d_qk", "layers", "CONVENTIONS"]

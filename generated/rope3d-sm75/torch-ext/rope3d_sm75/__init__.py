@@ -54,4 +54,13 @@ def _rope3d_fake(x: torch.Tensor, frames: int = 1, height: int = 1, width: int =
 _register_fake("rope3d", _rope3d_fake)
 
 
+def _rope3d_backward_fake(grad_out: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> torch.Tensor:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_backward."""
+    torch._check(grad_out.dim() >= 1, lambda: "rope3d_backward: grad_out must have at least one dim")
+    return torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device)
+
+
+_register_fake("rope3d_backward", _rope3d_backward_fake)
+
+
 __all__ = ["rope3d", "layers", "CONVENTIONS"]
