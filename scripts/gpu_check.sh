@@ -2,7 +2,7 @@
 # The GPU half of verification, on a CUDA machine: the `gpu` test suite, scripts/sanitize.sh when
 # SANITIZE=1, `kgen tune` for TUNE_OPS
 # (default: none; the table lands in arch/tuning/ and in $OUT), then `kgen bench $BENCH_ARGS` for
-# BENCH_OPS (default: every op, with SUMMARY.md), then `kgen bench --e2e` for each of E2E ("ltx qwen3 qwen3-train";
+# BENCH_OPS (default: every op, with SUMMARY.md), then `kgen bench --e2e` for each of E2E ("ltx ltx-train qwen3 qwen3-train";
 # default: none). Everything lands in $OUT (default ./gpu-out): results.tgz holds
 # the logs, the JUnit report and each op's bench JSON and Markdown table. Wheels for packages the
 # machine lacks may be put in .whl/ (installed to /tmp/site, first on PYTHONPATH).

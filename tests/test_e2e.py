@@ -41,7 +41,7 @@ SMALL = {
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
-@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train"])
+@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train"])
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
     calls = reference_kernels(kgen_transformers.OPS + kgen_diffusers.OPS)
     before = calls.copy()
@@ -60,6 +60,8 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
     assert ran  # the kgen variant ran kgen's ops
     if target == "qwen3-train":  # and their derived backwards
         assert {"rmsnorm_backward_transformers", "silu_mul_backward_transformers"} <= ran
+    if target == "ltx-train":
+        assert {"rmsnorm_backward", "rope3d_qk_backward", "gelu_tanh_backward"} <= ran
     workloads = [row["workload"] for row in result["rows"]]
     assert (
         workloads
@@ -67,6 +69,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
             "qwen3": ["Qwen3 prefill, 1×32 tokens", "Qwen3 decode step, batch 4, 16 tokens of context"],
             "ltx": ["LTX-Video forward, B=2, S=24 (2×3×4)"],
             "qwen3-train": ["Qwen3 training step, 2 layers, 2×32 tokens"],
+            "ltx-train": ["LTX-Video training step, 2 blocks, B=2, S=24 (2×3×4)"],
         }[target]
     )
     for row in result["rows"]:
@@ -75,7 +78,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
     table = write(result, tmp_path).read_text()
     assert json.loads((tmp_path / f"e2e-{target}.json").read_text()) == result
     assert f"| {workloads[0]} | {result['rows'][0]['eager ms']:.2f} |" in table
-    goal = 1.15 if target == "qwen3-train" else 1.1
+    goal = 1.15 if target.endswith("-train") else 1.1
     assert f"eager + kgen / eager (goal ≥ {goal}×)" in table
 
 

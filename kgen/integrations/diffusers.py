@@ -10,7 +10,11 @@ from video_coords), so the model's rope no longer builds its two fp32 [B, S, C] 
 GELU(approximate="tanh") -> gelu_tanh. Numerics: diffusers' own roundings (the ops' "diffusers"
 conventions; torch.nn.RMSNorm's for the q/k norms, fp32 rotation rounded once as diffusers'
 apply_rotary_emb). Modules are matched by class name (diffusers' RMSNorm is not torch.nn.RMSNorm) and the
-whole structure is checked before anything changes."""
+whole structure is checked before anything changes.
+
+For training (`patch(model, training=True)`) only the kernels with a derived backward are used: the q/k
+norms, the rotary embedding and the GELU; the blocks' AdaLN norms and residual adds stay diffusers' (the
+adaln ops have no backward yet)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ OPS = (
     "rope3d_coords",
     "gelu_tanh",
 )
+TRAINING_OPS = ("rmsnorm", "rope3d_qk", "rope3d_coords", "gelu_tanh")  # the ops with a derived backward
 BLOCK, ATTENTION = "LTXVideoTransformerBlock", "LTXAttention"
 
 
@@ -61,25 +66,31 @@ def patch(
     arch: str | None = None,
     root: Path = Path("generated"),
     step: Callable[[str], None] = lambda _: None,
+    training: bool = False,
 ) -> dict[str, int]:
     """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it
     finds); returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not
     know. A patched block returns a `Pending` residual add for the next block or norm_out: call the model,
-    not a block."""
+    not a block. ``training``: only the ops with a derived backward (the blocks and norm_out stay
+    diffusers')."""
     _check(model)
-    kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in OPS}
+    ops = TRAINING_OPS if training else OPS
+    kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in ops}
     model.rope.forward = MethodType(_latent_grid, model.rope)
-    model.norm_out.forward = MethodType(_final_norm(kernels["residual_adaln_layernorm"]), model.norm_out)
-    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0, "norm_out": 1}
+    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0, "norm_out": 0}
+    if not training:
+        model.norm_out.forward = MethodType(_final_norm(kernels["residual_adaln_layernorm"]), model.norm_out)
+        done["norm_out"] = 1
     for block in model.transformer_blocks:
-        block.forward = MethodType(_block_forward(kernels), block)
+        if not training:
+            block.forward = MethodType(_block_forward(kernels), block)
+            done["blocks"] += 1
         for attn in (block.attn1, block.attn2):
             attn.set_processor(_Attention(kernels, attn.processor))
         for module in block.ff.modules():
             if type(module).__name__ == "GELU" and module.approximate == "tanh":
                 module.forward = MethodType(_gelu_forward(kernels["gelu_tanh"]), module)
                 done["gelu_tanh"] += 1
-        done["blocks"] += 1
         done["attentions"] += 2
     return done
 
