@@ -292,6 +292,34 @@ def test_a_prologue_backward_on_meta_tensors(tmp_path):
         fused.fused_add_rmsnorm_(x, r.detach().clone(), w).sum().backward()
 
 
+def test_rotary_autograd_on_meta_tensors(tmp_path):
+    """rope's derived backward (a rotation of the gradients): q and k get gradients of their shapes (k with
+    fewer heads), opcheck passes with q and k requiring grad; a table that requires grad is refused (it would
+    get no gradient), and under no_grad nothing is refused."""
+    from kgen.builder import build_project
+
+    target = resolve_target("rope", "sm_90", ["bfloat16"])
+    project = write_project(target, tmp_path)
+    build_project(project, target)
+    rope = load(project)
+    q = torch.randn(2, 4, 6, 64, device="meta", requires_grad=True)
+    k = torch.randn(2, 2, 6, 64, device="meta", requires_grad=True)
+    cos, sin = (torch.randn(2, 6, 64, device="meta") for _ in range(2))
+    for convention in rope.CONVENTIONS:
+        out, k_out = rope.rope(q, k, cos, sin, convention=convention)
+        assert [g.shape for g in torch.autograd.grad((out.sum(), k_out.sum()), [q, k])] == [q.shape, k.shape]
+        torch.library.opcheck(
+            getattr(rope.ops, load_spec("rope").variant(convention)).default, (q, k, cos, sin)
+        )
+    table = cos.clone().requires_grad_()
+    with pytest.raises(
+        ValueError, match="rope: cos requires grad, but rope's derived backward gives it no gradient"
+    ):
+        rope.rope(q, k, table, sin)
+    with torch.no_grad():
+        assert rope.rope(q, k, table, sin)[0].shape == q.shape
+
+
 def test_autograd_of_an_op_with_two_outputs_on_meta_tensors(tmp_path, monkeypatch):
     """A derived backward for several outputs (tests/backward_ops/pair_ops.py): the binding's autograd returns
     both, and an output that receives no gradient counts as zeros."""
