@@ -65,6 +65,15 @@ def vjp(outputs: dict[str, sp.Expr], wrt: list[str]) -> dict[str, sp.Expr]:
     return {gradient_name(v): sp.Add(*t) for v, t in terms.items()}
 
 
+def gradient_outputs(forward: OpSpec, backward: OpSpec) -> dict[str, str]:
+    """Each input that gets a gradient -> the backward output holding it (its own or a shared one)."""
+    outs = {t.name for t in backward.outputs}
+    found = {
+        t.name: backward.shared.get(gradient_name(t.name), gradient_name(t.name)) for t in forward.inputs
+    }
+    return {name: out for name, out in found.items() if out in outs}
+
+
 def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None):
     """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
     inputs in ``order`` (names: the forward's inputs and one incoming gradient per output, grad_<output>;

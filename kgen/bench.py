@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .autodiff import gradient_name
+from .autodiff import gradient_name, gradient_outputs
 from .bench_report import MB, implementations, markdown, missed, plot, us
 from .catalog import backward_spec, load_spec, suite, suite_table
 from .dsl import OpSpec, Tensor
@@ -194,14 +194,14 @@ def run_bench(
         traffic = inputs
         if backward:  # the inputs that get a gradient require one (a rotary op's tables get none)
             back = backward_spec(op)
-            written = {t.name for t in back.outputs}  # a gradient another input shares is written once
-            inputs = [
-                t.requires_grad_(gradient_name(s.name) in written | set(back.shared))
-                for t, s in zip(inputs, spec.inputs)
-            ]
+            gradients = gradient_outputs(spec, back)
+            inputs = [t.requires_grad_(s.name in gradients) for t, s in zip(inputs, spec.inputs)]
             read = {t.name for t in back.inputs}
             traffic = [t for t, s in zip(inputs, spec.inputs) if s.name in read]
-            traffic += [t for t, s in zip(inputs, spec.inputs) if gradient_name(s.name) in written]
+            # a gradient another input shares is written once
+            traffic += [
+                t for t, s in zip(inputs, spec.inputs) if gradients.get(s.name) == gradient_name(s.name)
+            ]
         outputs = kernel(*inputs, *params)
         # each input read once, each output written once; backward: the inputs it reads and the outputs'
         # gradients read, the inputs' gradients written

@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from .autodiff import gradient_name
+from .autodiff import gradient_name, gradient_outputs
 from .catalog import data_dir, suite
 from .dsl import OpSpec, Param, Tensor, reference_helpers
 from .errors import BuildError
@@ -336,17 +336,16 @@ def _backward_glue(forward: OpSpec, backward: OpSpec) -> dict[str, list[str]]:
     given = {t.name: f"saved[{i}]" for i, t in enumerate(saved)}
     given |= {gradient_name(t.name): f"grads[{i}]" for i, t in enumerate(forward.outputs)}
     optional = "{0}.defined() ? std::optional<torch::Tensor>({0}) : std::nullopt"
-    outs = [t.name for t in backward.outputs]
-    results, constants = [], []
+    outs, gradients = [t.name for t in backward.outputs], gradient_outputs(forward, backward)
+    results = []
     for t in forward.inputs:
-        name = backward.shared.get(gradient_name(t.name), gradient_name(t.name))
-        if name not in outs:
+        if t.name not in gradients:
             results.append("torch::Tensor()")
-            constants.append(t)
             continue
-        got = "result" if len(outs) == 1 else f"std::get<{outs.index(name)}>(result)"
+        got = "result" if len(outs) == 1 else f"std::get<{outs.index(gradients[t.name])}>(result)"
         results.append(f"{given[t.name]}.defined() ? {got} : torch::Tensor()" if t.optional else got)
     calls = [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
+    constants = [t for t in forward.inputs if t.name not in gradients]
     return {"call": calls, "results": results, "saved": saved, "constants": constants}
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_ops_gpu import poison_allocator
 
-from kgen.autodiff import gradient_name
+from kgen.autodiff import gradient_name, gradient_outputs
 from kgen.bench import example_inputs
 from kgen.catalog import load_spec, op_names, suite
 from kgen.families import family_of
@@ -38,9 +38,7 @@ def libraries(built):
 
 def differentiated(op) -> list[str]:
     """The inputs the op's backward gives a gradient (a rotary op's tables and coordinates get none)."""
-    back = backward_spec(op)
-    outs = {t.name for t in back.outputs} | set(back.shared)
-    return [t.name for t in load_spec(op).inputs if gradient_name(t.name) in outs]
+    return list(gradient_outputs(load_spec(op), backward_spec(op)))
 
 
 def at(op, shape):
