@@ -165,7 +165,7 @@ def run_bench(
     if backward and not has_backward(op):
         raise UsageError(
             f"{op} has no backward kernels yet (kgen derives them for elementwise and rotary ops and for row "
-            "reductions without broadcast inputs)"
+            "reductions with no optional per-row input that does not broadcast)"
         )
     arch = device_arch()
     console.print(f"building {op} for {arch} ...")

@@ -24,14 +24,30 @@ from kgen.project import resolve_target
 DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
 
 
-def test_which_ops_have_a_derived_backward():
-    """Every elementwise and rotary op, and the row reductions without broadcast inputs or a convention's own
-    prologue (rmsnorm, layernorm, fused_add_rmsnorm); the others (AdaLN) not yet."""
-    kinds = {op: load_spec(op).structure.kind for op in op_names()}
-    every = [op for op, kind in kinds.items() if kind in ("elementwise", "rotary")]
-    assert set(every) | {"rmsnorm", "layernorm", "fused_add_rmsnorm"} == set(DIFFERENTIATED)
-    assert len(every) >= 10
-    assert not {"adaln_rmsnorm", "residual_adaln_rmsnorm"} & set(DIFFERENTIATED)
+def test_every_op_has_a_derived_backward():
+    assert set(DIFFERENTIATED) == set(op_names())
+    assert len(DIFFERENTIATED) >= 17
+
+
+def test_a_broadcast_input_gets_a_gradient_of_its_own_shape_from_each_conventions_statistics():
+    """AdaLN's scale, shift and gate broadcast over the rows: their gradients are outputs shaped like them
+    (summed over the rows they broadcast to), an absent gate's not computed; the statistics are recomputed
+    from each convention's own prologue (diffusers rounds h·gate before the add)."""
+    spec = load_spec("residual_adaln_rmsnorm")
+    back = family_of(spec).backward(spec)
+    structure = back.structure
+    assert structure.shaped_like == {"grad_scale": "scale", "grad_shift": "shift", "grad_gate": "gate"}
+    assert structure.when_given == {"grad_gate": "gate", "grad_weight": "weight"}
+    assert [t.name for t in back.column_outputs] == ["grad_weight"]
+    rounded = {c: structure.sums[c][0].summand.has(to_io_dtype) for c in structure.sums}
+    assert rounded == {"single_rounding": True, "diffusers": True}
+    single, diffusers = (str(structure.sums[c][0].summand) for c in ("single_rounding", "diffusers"))
+    assert "to_io_dtype(gate*h)" in diffusers and "to_io_dtype(gate*h)" not in single
+    assert family_of(back).tensor_shape(back, back.outputs[2], family_of(back).example_cases(back)[-1]) == (
+        2,
+        1,
+        4096,
+    )
 
 
 def test_a_rotation_backward_is_the_rotation_by_minus_theta_and_reads_no_input():
@@ -263,11 +279,12 @@ def test_a_project_holds_its_backward():
         in render_target(resolve_target("silu_mul", "sm_90"))["torch-ext/silu_mul_sm90/layers.py"]
     )
     adaln = render_target(resolve_target("adaln_rmsnorm", "sm_90"))
-    assert "_autograd" not in adaln["torch-ext/torch_binding.cpp"]
     assert (
-        'ops.impl("adaln_rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());'
-        in (adaln["torch-ext/torch_binding.cpp"])
+        'ops.impl("adaln_rmsnorm", torch::kAutograd, &adaln_rmsnorm_autograd);'
+        in adaln["torch-ext/torch_binding.cpp"]
     )
+    kernel = adaln["adaln_rmsnorm_cuda/adaln_rmsnorm_backward.cu"]
+    assert "a block never takes rows of two batches" in kernel and "int64_t groups" in kernel
     rmsnorm = render_target(resolve_target("rmsnorm", "sm_90"))
     assert "has_backward: bool = True" in rmsnorm["torch-ext/rmsnorm_sm90/layers.py"]
     assert "rmsnorm_cuda/rmsnorm_backward.cu" in rmsnorm  # a column reduction: dx and dweight

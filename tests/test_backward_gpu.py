@@ -3,15 +3,17 @@ autograd against float64 autograd of the spec's reference (hypothesis over shape
 magnitudes and the incoming gradient's layout), no worse than the library's own eager autograd in the same
 dtype; opcheck with inputs that require grad; a compiled training step (fullgraph); activation
 checkpointing; a zero-stride gradient from .sum(); NaN staying where it was (row-local for a row reduction);
-run-to-run identity, also of the gradients summed over many rows (weight, bias); absent optional inputs. A
-new op of such a family is covered by its spec alone."""
+run-to-run identity, also of the gradients summed over many rows (weight, bias, a per-batch modulation);
+absent optional inputs. A new op of such a family is covered by its spec alone."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
 from conftest import refused
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_ops_gpu import poison_allocator
 
@@ -24,6 +26,8 @@ pytestmark = pytest.mark.gpu
 
 OPS = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# ops with inputs that broadcast over the rows (AdaLN's scale, shift, gate): per token or per batch
+BROADCAST = [op for op in OPS if any(t.broadcast for t in load_spec(op).inputs)]
 
 
 def backward_spec(op):
@@ -64,12 +68,14 @@ def at(op, shape):
     return shape, params
 
 
-def leaves(op, shape, dtype, gen, magnitude=1.0, present=None):
-    """The op's inputs at `at(op, shape)`, those with a gradient requiring it (None for the optional inputs
-    ``present`` leaves out), and its params."""
+def leaves(op, shape, dtype, gen, magnitude=1.0, present=None, per_batch=False):
+    """The op's inputs at `at(op, shape)` (broadcast inputs per token, or per batch: [..., 1, hidden]), those
+    with a gradient requiring it (None for the optional inputs ``present`` leaves out), and its params."""
     shape, params = at(op, shape)
     wanted = differentiated(op)
-    inputs = example_inputs(load_spec(op), shape, dtype, generator=gen, magnitude=magnitude, present=present)
+    inputs = example_inputs(
+        load_spec(op), shape, dtype, per_batch=per_batch, generator=gen, magnitude=magnitude, present=present
+    )
     return [
         t.requires_grad_() if t is not None and spec_t.name in wanted else t
         for t, spec_t in zip(inputs, load_spec(op).inputs)
@@ -186,8 +192,15 @@ def allowance(op, inputs, grads: list) -> tuple[int, float]:
     )
     rstd = (normalised.var(-1, unbiased=False) + eps).rsqrt().max().item()
     columns = [v for t, v in zip(spec.inputs, inputs) if t.column and v is not None]
+    # a broadcast input (AdaLN's scale, gate) multiplies the terms too: (1 + |scale|) at most
+    broadcast = [
+        1 + v.abs().max().item() for t, v in zip(spec.inputs, inputs) if t.broadcast and v is not None
+    ]
     scale = (
-        max(g.abs().max().item() for g in grads) * max([1.0] + [v.abs().max().item() for v in columns]) * rstd
+        max(g.abs().max().item() for g in grads)
+        * max([1.0] + [v.abs().max().item() for v in columns])
+        * max([1.0] + broadcast) ** 2
+        * rstd
     )
     return 4, 8 * 2.0**-24 * scale
 
@@ -210,9 +223,11 @@ def cases(draw):
         st.one_of(st.integers(low, 70), st.sampled_from([127, 128, 4095, 4096, 8192]), st.integers(70, 20000))
     )
     rows = draw(st.integers(1, max(1, min(2048, 1_000_000 // hidden))))
+    batches = draw(st.sampled_from([1, 2, 3])) if op in BROADCAST else 1
     return dict(
         op=op,
-        shape=(rows, hidden),
+        shape=(rows, hidden) if batches == 1 else (batches, max(1, rows // batches), hidden),
+        per_batch=op in BROADCAST and draw(st.booleans()),
         dtype=draw(st.sampled_from(DTYPES)),
         convention=draw(st.sampled_from([c.name for c in load_spec(op).structure.conventions])),
         magnitude=draw(st.sampled_from([1e-3, 1.0, 8.0, 1e4])),
@@ -229,7 +244,15 @@ def test_gradients_match_float64_autograd(libraries, case):
     if refused(dtype):
         return  # the forward refuses the dtype (test_ops_gpu checks the refusal)
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
-    inputs, params = leaves(op, case["shape"], dtype, gen, case["magnitude"], case["present"])
+    inputs, params = leaves(
+        op, case["shape"], dtype, gen, case["magnitude"], case["present"], case["per_batch"]
+    )
+    # where the forward itself overflows the dtype (float16 at 1e4: x·cos, h·gate) no gradient means anything:
+    # the library's, the reference's and the kernel's differ in how they turn inf into NaN
+    spec = load_spec(op)
+    takes = "convention" in inspect.signature(spec.reference).parameters
+    reference = as_tuple(spec.reference(*inputs, *params, **({"convention": convention} if takes else {})))
+    assume(all(o.abs().max() <= torch.finfo(dtype).max for o in reference if o.numel()))
     outs = as_tuple(getattr(libraries[op], op)(*inputs, *params, convention=convention))
     grads = random_grads(outs, gen, dtype, GRAD_LAYOUTS[case["layout"]])
     poison_allocator(inputs[0].numel(), dtype, len(inputs))
@@ -260,6 +283,56 @@ def test_tall_shapes_and_gradients_summed_over_rows_repeat_bitwise(libraries, op
     want = expected_grads(op, inputs, params, grads, load_spec(op).default_convention)
     library = library_grads(op, inputs, params, grads, want)
     assert_close_to_reference(op, runs[0], want, library, dtype, allowance=allowance(op, inputs, grads))
+
+
+BATCHED = [(2, 700, 2048), (4, 3000, 128), (1, 5, 64), (3, 2688, 2048), (70, 3, 96)]
+
+
+@pytest.mark.parametrize("op", BROADCAST)
+@pytest.mark.parametrize("shape", BATCHED)
+def test_per_batch_modulation_gradients_summed_per_batch_repeat_bitwise(libraries, op, shape):
+    """Scale, shift (and gate) per batch ([B, 1, C]): their gradients summed over each batch's rows by the
+    batch's own blocks, against float64 and three runs bitwise equal; batches with fewer rows than a block,
+    and more batches than a wave holds blocks."""
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape))
+    inputs, params = leaves(op, shape, dtype, gen, per_batch=True)
+    assert all(
+        v.shape[-2] == 1 for t, v in zip(load_spec(op).inputs, inputs) if t.broadcast and v is not None
+    )
+    outs = as_tuple(getattr(libraries[op], op)(*inputs, *params))
+    grads = random_grads(outs, gen, dtype)
+    runs = [torch.autograd.grad(outs, given_(inputs), grads, retain_graph=True) for _ in range(3)]
+    for again in runs[1:]:
+        for a, b in zip(runs[0], again):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    want = expected_grads(op, inputs, params, grads, load_spec(op).default_convention)
+    library = library_grads(op, inputs, params, grads, want)
+    assert_close_to_reference(op, runs[0], want, library, dtype, allowance=allowance(op, inputs, grads))
+
+
+@pytest.mark.parametrize("op", BROADCAST)
+def test_mixed_and_other_broadcasts_get_gradients_of_their_shapes(libraries, op):
+    """Scale per batch beside shift per token, and a modulation shared by the batch ([1, S, C], summed to
+    its shape after the kernel): each gradient has its input's shape and matches float64 autograd."""
+    spec, dtype = load_spec(op), torch.float32
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for layout in ("mixed", "shared"):
+        inputs, params = leaves(op, (3, 50, 264), dtype, gen)
+        for i, t in enumerate(spec.inputs):
+            if t.broadcast and inputs[i] is not None:
+                v = inputs[i].detach()
+                v = v[:, :1] if (layout == "mixed") == (t.name == "scale") else v
+                v = v[:1] if layout == "shared" else v
+                inputs[i] = v.contiguous().requires_grad_()
+        outs = as_tuple(getattr(libraries[op], op)(*inputs, *params))
+        grads = random_grads(outs, gen, dtype)
+        got = torch.autograd.grad(outs, given_(inputs), grads)
+        want = expected_grads(op, inputs, params, grads, spec.default_convention)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+        library = library_grads(op, inputs, params, grads, want)
+        assert_close_to_reference(op, got, want, library, dtype, allowance=allowance(op, inputs, grads))
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -301,10 +374,12 @@ def test_opcheck_with_inputs_that_require_grad(libraries, op):
     optional = [t.name for t in spec.inputs if t.optional]
     for convention in spec.structure.conventions:
         for present in [None, dict.fromkeys(optional, False)] if optional else [None]:
-            inputs, params = leaves(op, (4, 264), torch.float32, gen, present=present)
-            torch.library.opcheck(
-                getattr(libraries[op].ops, spec.variant(convention.name)), (*inputs, *params)
-            )
+            for per_batch in [False, True] if op in BROADCAST else [False]:
+                shape = (2, 4, 264) if op in BROADCAST else (4, 264)
+                inputs, params = leaves(op, shape, torch.float32, gen, present=present, per_batch=per_batch)
+                torch.library.opcheck(
+                    getattr(libraries[op].ops, spec.variant(convention.name)), (*inputs, *params)
+                )
 
 
 @pytest.mark.parametrize("op", [op for op in OPS if len(differentiated(op)) < len(load_spec(op).inputs)])

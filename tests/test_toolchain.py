@@ -320,6 +320,29 @@ def test_rotary_autograd_on_meta_tensors(tmp_path):
         assert rope.rope(q, k, table, sin)[0].shape == q.shape
 
 
+def test_modulation_autograd_on_meta_tensors(tmp_path):
+    """residual_adaln_rmsnorm's derived backward: each input's gradient has its shape through the C++
+    autograd and the backward's fake kernel (scale and shift per batch, gate per token or absent), and
+    opcheck passes with every input requiring grad."""
+    from kgen.builder import build_project
+
+    target = resolve_target("residual_adaln_rmsnorm", "sm_90", ["bfloat16"])
+    project = write_project(target, tmp_path)
+    build_project(project, target)
+    op = load(project)
+    x, h, gate = (torch.randn(2, 6, 64, device="meta", requires_grad=True) for _ in range(3))
+    scale, shift = (torch.randn(2, 1, 64, device="meta", requires_grad=True) for _ in range(2))
+    weight = torch.randn(64, device="meta", requires_grad=True)
+    for given in ([x, h, scale, shift, gate, weight], [x, h, scale, shift, None, weight]):
+        out, residual = op.residual_adaln_rmsnorm(*given)
+        leaves = [t for t in given if t is not None]
+        grads = torch.autograd.grad((out.sum(), residual.sum()), leaves)
+        assert [g.shape for g in grads] == [t.shape for t in leaves]
+        for convention in op.CONVENTIONS:
+            variant = load_spec("residual_adaln_rmsnorm").variant(convention)
+            torch.library.opcheck(getattr(op.ops, variant).default, (*given, 1e-6))
+
+
 def test_autograd_of_an_op_with_two_outputs_on_meta_tensors(tmp_path, monkeypatch):
     """A derived backward for several outputs (tests/backward_ops/pair_ops.py): the binding's autograd returns
     both, and an output that receives no gradient counts as zeros."""

@@ -1,32 +1,38 @@
 """The column reduction family: per row, sums over the row that give per-row scalars, then per element the
 row's outputs and, for 'hidden' outputs, values summed over every row: a row reduction's backward (dx, the
-weight's and the bias's gradients), or any op that reduces across rows.
+weight's and the bias's gradients, and a broadcast input's: AdaLN's per-batch scale and shift), or any op that
+reduces across rows.
 
 Determinism: a column output is never accumulated with atomics. Each block takes a fixed partition of the
 rows (block b, row slot s: rows (b · rows per block + s) + k · blocks · rows per block), sums its rows'
 values in fp32 registers and writes one partial row; a second kernel adds the partial rows in a fixed order
-and rounds once to the dtype. The block count comes from the profile ([planner.column_reduce]: the threads
+and rounds once to the dtype. An output shaped like a broadcast input (`shaped_like`) is summed over the rows
+the input broadcasts over: a per-token [B, S, C] input's is written per row; a per-batch [B, 1, C] input's is
+summed per batch, the partition then splitting each batch's rows among its own blocks (block b of batch g,
+never rows of two batches) so that batch g's partial rows are a contiguous run the second kernel adds alone;
+any other broadcast's is written per row to scratch and summed to the input's shape by torch. The block
+count comes from the profile ([planner.column_reduce]: the threads
 resident per SM × the SMs), never grows with the row count, and the same shape on the same build always
 sums in the same order: the result is bitwise identical run to run.
 
-DSL: `ColumnReduce(sums={convention: [RowSum, ...]}, when_given={output: optional input})`. Plan: threads per
+DSL: `ColumnReduce(sums={convention: [RowSum, ...]}, when_given={output: optional input},
+shaped_like={output: broadcast input})`. Plan: threads per
 row by row size (the profile's ladder), the row's accesses, the column inputs and the accumulators in
 registers within the profile's budget, else re-read from global memory with the partial row accumulated in
 place. Templates: codegen_templates/column_reduce/ and the [rows, hidden] layout of rows/."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..autodiff import backward_reference, derivative, gradient_name
 from ..codegen import evaluate, statements
 from ..dsl import (
     BUILTIN_SYMBOLS,
-    Convention,
     Identifier,
     OpSpec,
     Structure,
@@ -75,11 +81,13 @@ class ColumnReduce(Structure):
     convention with its own expressions for the same scalars; then per element each output: a '*rows hidden'
     output is written, a 'hidden' output is summed over every row. ``when_given`` maps a 'hidden' output to an
     optional input: the output is computed only when the input is given (an empty tensor otherwise), as the
-    gradient of an absent weight."""
+    gradient of an absent weight. ``shaped_like`` maps a '*rows hidden' output to a broadcast input: the
+    output has the input's shape, each element the sum over the rows it broadcasts to (its gradient)."""
 
     kind: str = "column_reduce"
     sums: dict[Identifier, list[RowSum]]
     when_given: dict[Identifier, Identifier] = {}
+    shaped_like: dict[Identifier, Identifier] = {}
 
     dims = ("*rows hidden", "hidden")
     column_outputs: ClassVar[bool] = True
@@ -124,8 +132,15 @@ class ColumnReduce(Structure):
                 f"structure.sums: one list of sums per convention {[c.name for c in self.conventions]}, "
                 f"got {sorted(self.sums)}"
             )
-        if any(t.broadcast or t.packed for t in spec.tensors):
+        if any(t.packed for t in spec.tensors):
             raise ValueError("column_reduce ops take '*rows hidden' and 'hidden' tensors only")
+        rows = {t.name for t in spec.row_outputs}
+        broadcast = {t.name for t in spec.inputs if t.broadcast}
+        if not set(self.shaped_like) <= rows or not set(self.shaped_like.values()) <= broadcast:
+            raise ValueError(
+                f"structure.shaped_like: maps '*rows hidden' outputs {sorted(rows)} to broadcast inputs "
+                f"{sorted(broadcast)}; got {self.shaped_like}"
+            )
         shape = [list(s.finalize) for s in self.sums[self.conventions[0].name]]
         inputs = {t.name for t in spec.row_inputs + spec.column_inputs}
         if clash := sorted(
@@ -147,9 +162,11 @@ class ColumnReduce(Structure):
                     known = known | {name}
         optional = {t.name for t in spec.inputs if t.optional}
         columns = {t.name for t in spec.column_outputs}
-        if not set(self.when_given) <= columns or not set(self.when_given.values()) <= optional:
+        summed = columns | set(self.shaped_like)
+        if not set(self.when_given) <= summed or not set(self.when_given.values()) <= optional:
             raise ValueError(
-                f"structure.when_given: maps 'hidden' outputs {sorted(columns)} to optional inputs "
+                f"structure.when_given: maps 'hidden' outputs {sorted(columns)} or those shaped like an "
+                f"input {sorted(self.shaped_like)} to optional inputs "
                 f"{sorted(optional)}; got {self.when_given}"
             )
         return inputs | set(self.scalars())
@@ -179,10 +196,11 @@ class ColumnReducePlan(KernelPlan):
     sm_count: int
     resident_threads_per_sm: int
 
-    def blocks(self, bucket: Bucket, rows: int) -> int:
-        """The partition: at most the blocks resident at once (never more with more rows)."""
-        most = max(1, self.sm_count * self.resident_threads_per_sm // bucket.block_threads)
-        return min(-(-rows // bucket.rows_per_block), most)
+    def blocks(self, bucket: Bucket, rows: int, batches: int = 1) -> int:
+        """The partition: at most the blocks resident at once (never more with more rows), split evenly
+        among the batches (at least one each) when an output is summed per batch."""
+        most = max(1, self.sm_count * self.resident_threads_per_sm // bucket.block_threads // batches)
+        return batches * min(-(-(rows // batches) // bucket.rows_per_block), most)
 
 
 @dataclass(frozen=True)
@@ -214,6 +232,8 @@ class ColumnReduceContext(FamilyContext):
     out_elems: str
     when_given: dict[str, str]
     streamed: list[str]  # row inputs only the outputs read: loaded there, not held with the row
+    shaped_like: dict[str, str]  # an output shaped like a broadcast input -> that input
+    summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per slot
 
 
 class ColumnReduceFamily(RowsFamily):
@@ -233,13 +253,25 @@ class ColumnReduceFamily(RowsFamily):
     ) -> ColumnReducePlan:
         facts, elem = self.check_facts(profile), DTYPE_BYTES[dtype]
         vector = profile.max_access_bytes // elem
-        buckets = self._buckets(profile, facts, spec, elem, vector) + self._buckets(
-            profile, facts, spec, elem, 1
+        # one partition for every dtype (the kernels share the arch's constants): sized for 16-bit elements,
+        # whose vector access carries the most fp32 sums
+        widest = profile.max_access_bytes // 2
+        resident, budget = self._resident(profile, facts, spec, profile.max_access_bytes, widest)
+        buckets = self._buckets(profile, facts, spec, elem, vector, resident, budget) + self._buckets(
+            profile, facts, spec, elem, 1, resident, budget
+        )
+        halved = (
+            f" halved to {resident} while one access of the row's held inputs and the fp32 sums "
+            f"({self._held_bytes(spec, profile.max_access_bytes, widest)} B at 16 bits) exceeds a thread's "
+            "budget, which grows by "
+            "the registers freed"
+            if resident < facts.resident_threads_per_sm
+            else ""
         )
         notes = vector_notes(dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "") | {
             "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
-            "partition": f"at most {facts.resident_threads_per_sm} threads per SM × {profile.sm_count} SMs "
-            "of blocks (profile planner.column_reduce.resident_threads_per_sm), each summing a fixed set of "
+            "partition": f"at most {resident} threads per SM × {profile.sm_count} SMs of blocks (profile "
+            f"planner.column_reduce.resident_threads_per_sm{halved}), each summing a fixed set of "
             "rows into one fp32 partial row per row slot; a second kernel adds them in a fixed order: "
             "deterministic, no atomics",
             "block_threads": f"{profile.planner.block_threads} threads per block when rows are short "
@@ -258,23 +290,43 @@ class ColumnReduceFamily(RowsFamily):
             notes,
             profile.warp_size,
             profile.sm_count,
-            facts.resident_threads_per_sm,
+            resident,
         )
 
-    def _buckets(self, profile, facts, spec, elem, elems) -> list[Bucket]:
+    @staticmethod
+    def _held_bytes(spec: OpSpec, access_bytes: int, elems: int) -> int:
+        """One access of the row inputs the sums read and the fp32 sums of every summed output."""
+        held = [t for t in spec.row_inputs if t.name in spec.structure.summed()]
+        summed = len(spec.column_outputs) + len(spec.structure.shaped_like)
+        return len(held) * max(4, access_bytes) + summed * elems * 4
+
+    def _resident(self, profile, facts, spec, access_bytes, elems) -> tuple[int, int]:
+        """The threads resident per SM and a thread's register budget (bytes): the profile's, or fewer
+        threads while one vector access does not fit (at most down to 256), each budget growing by half the
+        registers freed: the other half goes to the temporaries of the gradients' math (with all of them,
+        adaln_rmsnorm's bf16 kernel took 2 accesses and spilled 220 B at 128 registers, nvcc 13.0, sm_90).
+        The ladder then stops at the resident threads."""
+        resident, budget = facts.resident_threads_per_sm, facts.register_bytes_per_thread
+        need = self._held_bytes(spec, access_bytes, elems)
+        while need > budget and resident > 256:
+            freed = profile.registers_per_sm // (resident // 2) - profile.registers_per_sm // resident
+            budget += freed // 2 * 4
+            resident //= 2
+        return resident, budget
+
+    def _buckets(self, profile, facts, spec, elem, elems, resident, budget_bytes) -> list[Bucket]:
         access_bytes = elem * elems
         held_bytes = max(4, access_bytes)  # a 16-bit element alone still takes a 32-bit register
-        sums = len(spec.column_outputs) * elems * 4
+        summed = len(spec.column_outputs) + len(spec.structure.shaped_like)
         held = [t for t in spec.row_inputs if t.name in spec.structure.summed()]
-        rows_only = len(held) * held_bytes + sums
-        budget_bytes = facts.register_bytes_per_thread
+        rows_only = self._held_bytes(spec, access_bytes, elems)
         # at most 4 accesses: 8 scalar accesses of layernorm's 4 inputs and 2 sums spilled at 64 registers
         # (nvcc 13.0, sm_90)
         accesses = max(1, min(4, budget_bytes // rows_only))
         columns = accesses * (rows_only + len(spec.column_inputs) * held_bytes) <= budget_bytes
         budget = (
             f"{accesses} × ({len(held)} row inputs × {held_bytes} B + "
-            f"{len(spec.column_outputs)} × {elems} fp32 sums) per thread"
+            f"{summed} × {elems} fp32 sums) per thread"
             + (
                 f" and the column inputs ({len(spec.column_inputs)} × {held_bytes} B), loaded once per block,"
                 if columns
@@ -293,7 +345,7 @@ class ColumnReduceFamily(RowsFamily):
             )
         )
         out = []
-        for threads in facts.threads_per_row:
+        for threads in (t for t in facts.threads_per_row if t <= resident):
             rows_per_block = max(1, profile.planner.block_threads // threads)
             out.append(
                 Bucket(
@@ -315,7 +367,7 @@ class ColumnReduceFamily(RowsFamily):
                     },
                 )
             )
-        threads = min(512, facts.threads_per_row[-1])
+        threads = min(512, resident, facts.threads_per_row[-1])
         out.append(
             Bucket(
                 None,
@@ -342,7 +394,9 @@ class ColumnReduceFamily(RowsFamily):
         vector = hidden % kernel.vector_elems == 0
         candidates = [b for b in kernel.buckets if b.vectorized == vector]
         b = next(b for b in candidates if b.max_row_bytes is None or row_bytes <= b.max_row_bytes)
-        grid = kernel.blocks(b, rows)
+        per_batch = case.per_batch and len(case.shape) > 2 and bool(spec.structure.shaped_like)
+        batches = math.prod(case.shape[:-2]) if per_batch else 1
+        grid = kernel.blocks(b, rows, batches)
         choices = [
             (
                 "accesses",
@@ -352,10 +406,15 @@ class ColumnReduceFamily(RowsFamily):
             ("threads per row", str(b.threads_per_row), b.reasons["threads_per_row"]),
             ("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"]),
             ("row lives in", b.storage, b.reasons["storage"]),
-            ("grid", f"{grid} blocks", kernel.notes["partition"]),
+            (
+                "grid",
+                f"{grid} blocks" + (f", {grid // batches} per batch" if per_batch else ""),
+                kernel.notes["partition"],
+            ),
             (
                 "partial rows",
-                f"{grid * b.rows_per_block} × {hidden} fp32 per column output",
+                f"{grid * b.rows_per_block} × {hidden} fp32 per column output"
+                + (" and per-batch output" if per_batch else ""),
                 "one per row slot, added in a fixed order by the second kernel",
             ),
         ]
@@ -366,8 +425,8 @@ class ColumnReduceFamily(RowsFamily):
     def check_tolerance(self, spec: OpSpec, atol: float, rtol: float) -> tuple[float, float]:
         """A column output adds up to 1000 rows (the example shapes): the roundings of its terms to the dtype
         (a convention's, which the float64 reference leaves out) grow like √rows, so its absolute tolerance is
-        32× (≈ √1000) the per-element one."""
-        return (32 * atol, rtol) if spec.column_outputs else (atol, rtol)
+        32× (≈ √1000) the per-element one; so has an output summed per batch."""
+        return (32 * atol, rtol) if spec.column_outputs or spec.structure.shaped_like else (atol, rtol)
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
         import torch
@@ -383,15 +442,22 @@ class ColumnReduceFamily(RowsFamily):
         out = []
         for t in spec.outputs:
             value = torch.as_tensor(evaluate(outputs[t.name], values, io), dtype=torch.float64).expand(shape)
-            if t.column:
-                given = structure.when_given.get(t.name)
-                absent = given and inputs[[i.name for i in spec.inputs].index(given)] is None
-                value = value.new_empty(0) if absent else value.reshape(-1, shape[-1]).sum(0)
+            given = structure.when_given.get(t.name)
+            absent = given and inputs[[i.name for i in spec.inputs].index(given)] is None
+            if absent:
+                value = value.new_empty(0)
+            elif t.column:
+                value = value.reshape(-1, shape[-1]).sum(0)
+            elif like := structure.shaped_like.get(t.name):
+                value = value.sum_to_size(inputs[[i.name for i in spec.inputs].index(like)].shape)
             out.append(value)
         return tuple(out)
 
     def tensor_shape(self, spec: OpSpec, tensor, case: Case) -> tuple[int, ...]:
-        return case.shape[-1:] if tensor.column else tuple(case.shape)
+        like = spec.structure.shaped_like.get(tensor.name)
+        return super().tensor_shape(
+            spec, next(t for t in spec.inputs if t.name == like) if like else tensor, case
+        )
 
     def describe(self, plans: list[ColumnReducePlan]) -> list[str]:
         return bucket_description(
@@ -404,15 +470,26 @@ class ColumnReduceFamily(RowsFamily):
         )
 
     def example_cases(self, spec: OpSpec) -> list[Case]:
-        return [Case(s) for s in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (1000, 96), (2, 20000)]]
+        """Edge and real sizes; with broadcast inputs also per batch, a batch's rows fewer and more than a
+        block's."""
+        cases = [Case(s) for s in [(1, 1), (3, 7), (4, 128), (2, 5, 4096), (1000, 96), (2, 20000)]]
+        if spec.structure.shaped_like:
+            cases += [Case(s, per_batch=True) for s in [(3, 7, 96), (2, 700, 64), (2, 5, 4096)]]
+        return cases
 
     # -- render ----------------------------------------------------------------------------------------------
     def kernel_arguments(self, spec: OpSpec) -> tuple[str, str]:
-        """The [rows, hidden] layout's, then each column output as its fp32 partial rows."""
+        """The [rows, hidden] layout's, then each column output and each output shaped like a broadcast input
+        as its fp32 partial rows (null where an output like a per-token input is written per row)."""
         params, args = super().kernel_arguments(spec)
-        partials = [f"float* __restrict__ {t.name}_partials" for t in spec.column_outputs]
-        slots = [f"partials[{i}]" for i in range(len(spec.column_outputs))]
+        summed = self.summed_outputs(spec)
+        partials = [f"float* __restrict__ {t.name}_partials" for t in summed]
+        slots = [f"partials[{i}]" for i in range(len(summed))]
         return ", ".join([params, *partials]), ", ".join([args, *slots])
+
+    @staticmethod
+    def summed_outputs(spec: OpSpec) -> list[Tensor]:
+        return spec.column_outputs + [t for t in spec.outputs if t.name in spec.structure.shaped_like]
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan]) -> ColumnReduceContext:
         structure = spec.structure
@@ -437,22 +514,10 @@ class ColumnReduceFamily(RowsFamily):
             ColumnConventionCode(c.name, c.matches, c.suffix, c.lines, sums(c.name))
             for c in convention_code(spec, names, suffix=RESULT)
         ]
-        lead = spec.lead.name
         return ColumnReduceContext(
             conventions=conventions,
             templates=self.templates,
-            fake_outputs=[
-                f"torch.empty({lead}.shape, dtype={lead}.dtype, device={lead}.device)"
-                if t.per_row
-                else f"{lead}.new_empty({lead}.shape[-1:]"
-                + (
-                    f" if {structure.when_given[t.name]} is not None else [0]"
-                    if t.name in structure.when_given
-                    else ""
-                )
-                + ")"
-                for t in spec.outputs
-            ],
+            fake_outputs=[self._fake_output(spec, t) for t in spec.outputs],
             scalars=structure.scalars(),
             n_sums=len(structure.sums[spec.default_convention]),
             kernel_params=kernel_params,
@@ -463,116 +528,27 @@ class ColumnReduceFamily(RowsFamily):
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
             when_given=structure.when_given,
             streamed=[t.name for t in spec.row_inputs if t.name not in structure.summed()],
+            shaped_like=structure.shaped_like,
+            summed_outputs=self.summed_outputs(spec),
         )
 
-
-def backward_of_row_reduction(spec: OpSpec, reductions: list) -> OpSpec:
-    """The backward of a row reduction (kgen.families.row_reduce: its reductions, each a stat = finalize(Σ
-    summand), and its conventions' outputs), as a column reduction; see RowReduceFamily.backward."""
-    structure = spec.structure
-    dy = {t.name: sp.Symbol(gradient_name(t.name)) for t in spec.outputs}
-
-    def slope(stat: str) -> sp.Symbol:
-        return sp.Symbol(f"{stat}_slope")
-
-    def grad_sum(stat: str) -> sp.Symbol:
-        return sp.Symbol(f"grad_sum_{stat}")
-
-    def back_summands(outputs: dict) -> list[sp.Expr]:
-        """Per statistic (in the forward's order), the summand of its backward sum."""
-        summands = [sp.S.Zero] * len(reductions)
-        for k in reversed(range(len(reductions))):
-            stat = reductions[k].stat
-            summands[k] = sp.Add(
-                *(dy[o] * derivative(e, stat) for o, e in outputs.items()),
-                *(grad_sum(r.stat) * derivative(r.summand, stat) for r in reductions[k + 1 :]),
-            )
-        return summands
-
-    per_convention = {c.name: back_summands(c.outputs) for c in structure.conventions}
-    needed = [k for k in range(len(reductions)) if any(s[k] != 0 for s in per_convention.values())]
-    forward = [  # the statistics again, with their slopes dF/dS
-        RowSum(
-            summand=r.summand,
-            finalize={r.stat: r.finalize, slope(r.stat).name: derivative(r.finalize, "row_sum")},
+    @staticmethod
+    def _fake_output(spec: OpSpec, t: Tensor) -> str:
+        lead, structure = spec.lead.name, spec.structure
+        shape = (
+            f"{structure.shaped_like[t.name]}.shape"
+            if t.name in structure.shaped_like
+            else f"{lead}.shape[-1:]"
+            if t.column
+            else f"{lead}.shape"
         )
-        for r in reductions
-    ]
-    sums, conventions = {}, []
-    for c in structure.conventions:
-        backward = [
-            RowSum(
-                summand=per_convention[c.name][k],
-                finalize={grad_sum(reductions[k].stat).name: row_sum * slope(reductions[k].stat)},
-            )
-            for k in reversed(needed)
-        ]
-        sums[c.name] = forward + backward
-
-        def gradient(v: str) -> sp.Expr:
-            return sp.Add(
-                *(dy[o] * derivative(e, v) for o, e in c.outputs.items()),
-                *(grad_sum(reductions[k].stat) * derivative(reductions[k].summand, v) for k in needed),
-            )
-
-        conventions.append(
-            Convention(
-                name=c.name,
-                matches=f"the gradient of {c.name} (its roundings to the dtype differentiate as the "
-                "identity)",
-                outputs={gradient_name(t.name): gradient(t.name) for t in spec.inputs},
-            )
+        if given := structure.when_given.get(t.name):
+            shape = f"{shape} if {given} is not None else [0]"
+        return (
+            f"{lead}.new_empty({shape})"
+            if t.column or given
+            else f"torch.empty({shape}, dtype={lead}.dtype, device={lead}.device)"
         )
-    # a row input whose gradient is an earlier one's in every convention (x and residual of a fused add)
-    # gets that tensor: written once
-    rows = [gradient_name(t.name) for t in spec.inputs if t.per_row]
-    shared = {}
-    for i, name in enumerate(rows):
-        same = (
-            o
-            for o in rows[:i]
-            if o not in shared and all(c.outputs[o] == c.outputs[name] for c in conventions)
-        )
-        if (first := next(same, None)) is not None:
-            shared[name] = first
-    conventions = [
-        c.model_copy(update={"outputs": {o: e for o, e in c.outputs.items() if o not in shared}})
-        for c in conventions
-    ]
-    written = [t for t in spec.inputs if gradient_name(t.name) not in shared]
-    required = [t for t in spec.inputs if not t.optional]
-    optional = [t for t in spec.inputs if t.optional]
-    incoming = [
-        Tensor(name=gradient_name(t.name), dims=t.dims, doc=f"the gradient of {t.name}") for t in spec.outputs
-    ]
-    return OpSpec(
-        name=f"{spec.name}_backward",
-        summary=f"the gradient of {spec.name} ({spec.summary})",
-        tensors=[
-            *required,
-            *incoming,
-            *optional,
-            *(
-                Tensor(
-                    name=gradient_name(t.name),
-                    dims=t.dims,
-                    role="output",
-                    doc=f"the gradient of {t.name}",
-                )
-                for t in written
-            ),
-        ],
-        params=spec.params,
-        shared=shared,
-        structure=ColumnReduce(
-            sums=sums,
-            conventions=conventions,
-            when_given={gradient_name(t.name): t.name for t in optional if t.column},
-        ),
-        reference=backward_reference(
-            spec, [t.name for t in required + incoming + optional], [t.name for t in written]
-        ),
-    )
 
 
 family = ColumnReduceFamily()

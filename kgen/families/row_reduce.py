@@ -503,32 +503,32 @@ class RowReduceFamily(RowsFamily):
         element the gradient of each row input, Σ_o dy_o ∂y_o/∂v + Σ_k dL/dS_k ∂summand_k/∂v, and of each
         column input (weight, bias), Σ_o dy_o ∂y_o/∂w summed over the rows. For RMSNorm that is
         dx = rstd·(w·dy - x̂·mean(x̂·w·dy)) in its one-extra-reduction form. A prologue's values are
-        written out in the inputs (fused add + RMSNorm: residual_out = round(x + residual) everywhere), so
-        the backward reads x and residual again and the gradient of residual_out reaches both. None (backprop
-        then raises) for a convention's own prologue, broadcast or optional row inputs, a finalize reading an
-        earlier statistic, or where a derivative has no CUDA form."""
+        written out in the inputs, each convention's own (fused add + RMSNorm: residual_out = round(x +
+        residual) everywhere), so the backward reads x and residual again and the gradient of residual_out
+        reaches both. A broadcast input's gradient (AdaLN's scale, shift, gate) is summed over the rows it
+        broadcasts to: per batch for a [B, 1, C] input. None (backprop then raises) for optional row inputs
+        that do not broadcast, a finalize reading an earlier statistic, or where a derivative has no CUDA
+        form."""
         structure = spec.structure
         stats = {r.stat for r in structure.reductions}
-        if (
-            any(c.prologue for c in structure.conventions)
-            or any(t.broadcast or (t.optional and t.per_row) for t in spec.inputs)
-            or any({str(s) for s in r.finalize.free_symbols} & stats for r in structure.reductions)
+        if any(t.optional and t.per_row and not t.broadcast for t in spec.inputs) or any(
+            {str(s) for s in r.finalize.free_symbols} & stats for r in structure.reductions
         ):
             return None
-        from .column_reduce import backward_of_row_reduction
+        from .row_backward import backward_of_row_reduction
 
-        inline = {}  # each prologue value as an expression of the inputs (a later one may use an earlier)
-        for name, expr in structure.prologue.items():
-            inline[sp.Symbol(name)] = expr.xreplace(inline)
-        reductions = [
-            r.model_copy(update={"summand": r.summand.xreplace(inline)}) for r in structure.reductions
-        ]
-        conventions = [
-            c.model_copy(update={"outputs": {o: e.xreplace(inline) for o, e in c.outputs.items()}})
-            for c in structure.conventions
-        ]
+        reductions, conventions = {}, []
+        for c in structure.conventions:
+            inline = {}  # each prologue value as an expression of the inputs (a later one may use an earlier)
+            for name, expr in (structure.prologue | c.prologue).items():
+                inline[sp.Symbol(name)] = expr.xreplace(inline)
+            reductions[c.name] = [
+                r.model_copy(update={"summand": r.summand.xreplace(inline)}) for r in structure.reductions
+            ]
+            outputs = {o: e.xreplace(inline) for o, e in c.outputs.items()}
+            conventions.append(c.model_copy(update={"prologue": {}, "outputs": outputs}))
         written_out = structure.model_copy(
-            update={"prologue": {}, "reductions": reductions, "conventions": conventions}
+            update={"prologue": {}, "reductions": reductions[conventions[0].name], "conventions": conventions}
         )
         try:
             return backward_of_row_reduction(spec.model_copy(update={"structure": written_out}), reductions)

@@ -9,3 +9,10 @@ torch::Tensor adaln_layernorm(const torch::Tensor& x, const torch::Tensor& scale
 // adaln_layernorm_diffusers: convention diffusers (F.layer_norm then `* (1 + scale) + shift` in the dtype (AdaLayerNormZero))
 torch::Tensor adaln_layernorm_diffusers(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, double eps);
 }  // namespace adaln_layernorm_binding
+
+namespace adaln_layernorm_backward_binding {
+// adaln_layernorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> adaln_layernorm_backward(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, double eps);
+// adaln_layernorm_backward_diffusers: convention diffusers (the gradient of diffusers (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> adaln_layernorm_backward_diffusers(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, double eps);
+}  // namespace adaln_layernorm_backward_binding

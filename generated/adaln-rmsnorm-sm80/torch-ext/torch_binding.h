@@ -9,3 +9,10 @@ torch::Tensor adaln_rmsnorm(const torch::Tensor& x, const torch::Tensor& scale, 
 // adaln_rmsnorm_diffusers: convention diffusers (diffusers RMSNorm then `* (1 + scale) + shift` in the dtype (LTX-Video blocks))
 torch::Tensor adaln_rmsnorm_diffusers(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& weight, double eps);
 }  // namespace adaln_rmsnorm_binding
+
+namespace adaln_rmsnorm_backward_binding {
+// adaln_rmsnorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> adaln_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const std::optional<torch::Tensor>& weight, double eps);
+// adaln_rmsnorm_backward_diffusers: convention diffusers (the gradient of diffusers (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> adaln_rmsnorm_backward_diffusers(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace adaln_rmsnorm_backward_binding

@@ -189,7 +189,7 @@ constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 768;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(148) * kResidentPerSm;  // the partition: × profile sm_count
-constexpr int kColumnOutputs = 1;
+constexpr int kSummedOutputs = 1;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
 constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
 
@@ -362,10 +362,11 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
     });
   }
 
+  const int64_t batch_blocks = gridDim.x, batch_rows = rows, base = 0, part = blockIdx.x;  // one batch: every row
   // Every block runs the same number of iterations, so the row reductions' barriers line up.
-  for (int64_t first = int64_t(blockIdx.x) * ROWS_PER_BLOCK; first < rows; first += int64_t(gridDim.x) * ROWS_PER_BLOCK) {
-    const int64_t row = first + slot;
-    const int64_t count = row < rows ? accesses : 0;  // a slot past the last row touches no memory
+  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += batch_blocks * ROWS_PER_BLOCK) {
+    const int64_t row = base + first + slot;
+    const int64_t count = first + slot < batch_rows ? accesses : 0;  // a slot past the last row touches no memory
     const Access* x_row = reinterpret_cast<const Access*>(x + row * x_row_stride);
     Access x_regs[kCached] = {};
     const Access* residual_row = reinterpret_cast<const Access*>(residual + row * residual_row_stride);
@@ -481,7 +482,7 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
   }
 }
 
-// The column outputs: out[c] = the partial rows' sum at column c, in a fixed order (slice g adds slots
+// The summed outputs: out[c] = the partial rows' sum at column c, in a fixed order (slice g adds slots
 // g, g + kSumSlices, ... in turn; then the slices are added in order), rounded once to the dtype.
 template <typename T>
 __global__ void __launch_bounds__(kSumColumns * kSumSlices)
@@ -510,9 +511,9 @@ cudaError_t launch_config(const FusedAddRmsnormBackwardArgs& args, const Params&
   const int64_t blocks = std::min(ceil_div<int64_t>(args.rows, ROWS_PER_BLOCK), std::max<int64_t>(1, kResidentThreads / kBlock));
   if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
   const int64_t slots = blocks * ROWS_PER_BLOCK;
-  void* const outs[kColumnOutputs] = {args.grad_weight};
-  float* partials[kColumnOutputs] = {};
-  for (int c = 0; c < kColumnOutputs; ++c) {
+  void* const outs[kSummedOutputs] = {args.grad_weight};
+  float* partials[kSummedOutputs] = {};
+  for (int c = 0; c < kSummedOutputs; ++c) {
     if (outs[c] == nullptr) continue;  // not asked for (its optional input is absent)
     partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
     if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
@@ -520,7 +521,7 @@ cudaError_t launch_config(const FusedAddRmsnormBackwardArgs& args, const Params&
   fused_add_rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>
       <<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.residual), args.residual_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params);
   cudaError_t err = cudaGetLastError();
-  for (int c = 0; c < kColumnOutputs && err == cudaSuccess; ++c) {
+  for (int c = 0; c < kSummedOutputs && err == cudaSuccess; ++c) {
     if (outs[c] == nullptr) continue;
     column_sum_kernel<T><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns))), dim3(kSumColumns, kSumSlices), 0, stream>>>(
         partials[c], slots, args.hidden, static_cast<T*>(outs[c]));

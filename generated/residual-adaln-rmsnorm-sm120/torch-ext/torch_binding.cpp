@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 #include "../residual_adaln_rmsnorm_cuda/residual_adaln_rmsnorm.h"
+#include "../residual_adaln_rmsnorm_cuda/residual_adaln_rmsnorm_backward.h"
 #include "registration.h"
 #include "torch_binding.h"
 
@@ -235,25 +236,395 @@ std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_diffusers(const 
   return run_residual_adaln_rmsnorm(x, h, scale, shift, gate, weight, eps, kgen_residual_adaln_rmsnorm::Convention::k_diffusers, "residual_adaln_rmsnorm_diffusers");
 }
 
+// Autograd: the forward below the autograd layer, then residual_adaln_rmsnorm_backward on the saved inputs. Both are called
+// through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
+// The convention travels as its index; undefined output gradients arrive as zeros (materialized).
+const char* const kVariants[] = {"residual_adaln_rmsnorm", "residual_adaln_rmsnorm_diffusers"};
+const char* const kBackwardVariants[] = {"residual_adaln_rmsnorm_backward", "residual_adaln_rmsnorm_backward_diffusers"};
+
+using ForwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, const std::optional<torch::Tensor>&, double);
+using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, const std::optional<torch::Tensor>&, double);
+
+template <typename Signature, size_t N>
+std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
+  std::vector<c10::TypedOperatorHandle<Signature>> handles;
+  for (const char* name : names)
+    handles.push_back(c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string(KGEN_OPS_NAME(TORCH_EXTENSION_NAME)) + "::" + name).c_str(), "")
+                          .typed<Signature>());
+  return handles;
+}
+
+// Looked up once, at the first call (the library has registered every op by then).
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op(int64_t convention) {
+  static const auto ops = find_ops<ForwardSignature>(kVariants);
+  return ops[convention];
+}
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t convention) {
+  static const auto ops = find_ops<BackwardSignature>(kBackwardVariants);
+  return ops[convention];
+}
+
+struct Autograd : public torch::autograd::Function<Autograd> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps, int64_t convention) {
+    // what residual_adaln_rmsnorm_backward reads (an absent input: undefined)
+    ctx->save_for_backward({x, h, scale, shift, gate.value_or(torch::Tensor()), weight.value_or(torch::Tensor())});
+    ctx->saved_data["convention"] = convention;
+    ctx->saved_data["eps"] = eps;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto outs = forward_op(convention).call(x, h, scale, shift, gate, weight, eps);
+    return {std::get<0>(outs), std::get<1>(outs)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const int64_t convention = ctx->saved_data["convention"].toInt();
+    const auto result = backward_op(convention).call(saved[0], saved[1], saved[2], saved[3], grads[0], grads[1], saved[4].defined() ? std::optional<torch::Tensor>(saved[4]) : std::nullopt, saved[5].defined() ? std::optional<torch::Tensor>(saved[5]) : std::nullopt, ctx->saved_data["eps"].toDouble());
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {std::get<0>(result), std::get<1>(result), std::get<2>(result), std::get<3>(result), saved[4].defined() ? std::get<4>(result) : torch::Tensor(), saved[5].defined() ? std::get<5>(result) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Records the backward only where a gradient is wanted; otherwise straight to the kernel.
+bool wants_grad(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps) {
+  if (!torch::GradMode::is_enabled()) return false;
+  return x.requires_grad() || h.requires_grad() || scale.requires_grad() || shift.requires_grad() || (gate.has_value() && gate->requires_grad()) || (weight.has_value() && weight->requires_grad());
+}
+
+std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_autograd(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps) {
+  if (wants_grad(x, h, scale, shift, gate, weight, eps)) {
+    const auto outs = Autograd::apply(x, h, scale, shift, gate, weight, eps, int64_t{0});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(0).call(x, h, scale, shift, gate, weight, eps);
+}
+std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_diffusers_autograd(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps) {
+  if (wants_grad(x, h, scale, shift, gate, weight, eps)) {
+    const auto outs = Autograd::apply(x, h, scale, shift, gate, weight, eps, int64_t{1});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(1).call(x, h, scale, shift, gate, weight, eps);
+}
+
 void register_ops(torch::Library& ops) {
   ops.def("residual_adaln_rmsnorm(Tensor x, Tensor h, Tensor scale, Tensor shift, Tensor? gate, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("residual_adaln_rmsnorm", torch::kCUDA, &residual_adaln_rmsnorm);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("residual_adaln_rmsnorm", torch::kCPU, &residual_adaln_rmsnorm);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("residual_adaln_rmsnorm", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("residual_adaln_rmsnorm", torch::kAutograd, &residual_adaln_rmsnorm_autograd);
   ops.def("residual_adaln_rmsnorm_diffusers(Tensor x, Tensor h, Tensor scale, Tensor shift, Tensor? gate, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("residual_adaln_rmsnorm_diffusers", torch::kCUDA, &residual_adaln_rmsnorm_diffusers);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("residual_adaln_rmsnorm_diffusers", torch::kCPU, &residual_adaln_rmsnorm_diffusers);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("residual_adaln_rmsnorm_diffusers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("residual_adaln_rmsnorm_diffusers", torch::kAutograd, &residual_adaln_rmsnorm_diffusers_autograd);
 }
 
 }  // namespace residual_adaln_rmsnorm_binding
 
+// ---------------------------------------------------------------------------------------------
+// residual_adaln_rmsnorm_backward: the gradient of residual_adaln_rmsnorm (gated residual add, then RMSNorm with (1 + scale) and shift modulation, returning both)
+// ---------------------------------------------------------------------------------------------
+namespace residual_adaln_rmsnorm_backward_binding {
+namespace {
+
+constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
+
+// The dtype of the lead tensor (x), which every other I/O tensor shares.
+kgen_residual_adaln_rmsnorm_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kgen_residual_adaln_rmsnorm_backward::DType::k_float32;
+    case at::kHalf: return kgen_residual_adaln_rmsnorm_backward::DType::k_float16;
+    case at::kBFloat16: return kgen_residual_adaln_rmsnorm_backward::DType::k_bfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": x has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_120) does not ",
+                       "support; expected one of: ", kSupportedDTypes);
+  }
+}
+
+void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but x is on ",
+                    lead.device().str());
+}
+
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_residual_adaln_rmsnorm_backward::ResidualAdalnRmsnormBackwardArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {120, "sm_120", 7u, &kgen_residual_adaln_rmsnorm_backward::launch_residual_adaln_rmsnorm_backward},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_residual_adaln_rmsnorm_backward::DType dtype, const char* op) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
+  const int capability = major * 10 + minor;
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_120 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> run_residual_adaln_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps, kgen_residual_adaln_rmsnorm_backward::Convention convention, const char* op) {
+  check_device(x, op, "x", x);
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
+  const kgen_residual_adaln_rmsnorm_backward::DType dtype = io_dtype(x, op);
+  const int64_t hidden = x.size(-1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = hidden;
+  {
+    const torch::Tensor& h_t = h;
+    check_device(h_t, op, "h", x);
+    TORCH_CHECK_TYPE(h_t.scalar_type() == x.scalar_type(), op, ": h has dtype ",
+                     c10::toString(h_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(h_t.sizes() == c10::IntArrayRef(expected), op, ": h has shape ",
+                      shape_str(h_t.sizes()), " but must have shape ", shape_str(expected));
+  }
+  {
+    const torch::Tensor& scale_t = scale;
+    check_device(scale_t, op, "scale", x);
+    TORCH_CHECK_TYPE(scale_t.scalar_type() == x.scalar_type(), op, ": scale has dtype ",
+                     c10::toString(scale_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    bool broadcasts = scale_t.dim() == x.dim();
+    for (int64_t d = 0; broadcasts && d < x.dim(); ++d)
+      broadcasts = scale_t.size(d) == out_shape[d] || (scale_t.size(d) == 1 && d + 1 < x.dim());
+    TORCH_CHECK_VALUE(broadcasts, op, ": scale must broadcast to ", shape_str(out_shape),
+                      " (same number of dims, each 1 or equal, the last equal), got ", shape_str(scale_t.sizes()));
+  }
+  {
+    const torch::Tensor& shift_t = shift;
+    check_device(shift_t, op, "shift", x);
+    TORCH_CHECK_TYPE(shift_t.scalar_type() == x.scalar_type(), op, ": shift has dtype ",
+                     c10::toString(shift_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    bool broadcasts = shift_t.dim() == x.dim();
+    for (int64_t d = 0; broadcasts && d < x.dim(); ++d)
+      broadcasts = shift_t.size(d) == out_shape[d] || (shift_t.size(d) == 1 && d + 1 < x.dim());
+    TORCH_CHECK_VALUE(broadcasts, op, ": shift must broadcast to ", shape_str(out_shape),
+                      " (same number of dims, each 1 or equal, the last equal), got ", shape_str(shift_t.sizes()));
+  }
+  {
+    const torch::Tensor& grad_out_t = grad_out;
+    check_device(grad_out_t, op, "grad_out", x);
+    TORCH_CHECK_TYPE(grad_out_t.scalar_type() == x.scalar_type(), op, ": grad_out has dtype ",
+                     c10::toString(grad_out_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(grad_out_t.sizes() == c10::IntArrayRef(expected), op, ": grad_out has shape ",
+                      shape_str(grad_out_t.sizes()), " but must have shape ", shape_str(expected));
+  }
+  {
+    const torch::Tensor& grad_residual_out_t = grad_residual_out;
+    check_device(grad_residual_out_t, op, "grad_residual_out", x);
+    TORCH_CHECK_TYPE(grad_residual_out_t.scalar_type() == x.scalar_type(), op, ": grad_residual_out has dtype ",
+                     c10::toString(grad_residual_out_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    std::vector<int64_t> expected = out_shape;
+    expected.back() = hidden;
+    TORCH_CHECK_VALUE(grad_residual_out_t.sizes() == c10::IntArrayRef(expected), op, ": grad_residual_out has shape ",
+                      shape_str(grad_residual_out_t.sizes()), " but must have shape ", shape_str(expected));
+  }
+  if (gate.has_value()) {
+    const torch::Tensor& gate_t = *gate;
+    check_device(gate_t, op, "gate", x);
+    TORCH_CHECK_TYPE(gate_t.scalar_type() == x.scalar_type(), op, ": gate has dtype ",
+                     c10::toString(gate_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    bool broadcasts = gate_t.dim() == x.dim();
+    for (int64_t d = 0; broadcasts && d < x.dim(); ++d)
+      broadcasts = gate_t.size(d) == out_shape[d] || (gate_t.size(d) == 1 && d + 1 < x.dim());
+    TORCH_CHECK_VALUE(broadcasts, op, ": gate must broadcast to ", shape_str(out_shape),
+                      " (same number of dims, each 1 or equal, the last equal), got ", shape_str(gate_t.sizes()));
+  }
+  if (weight.has_value()) {
+    const torch::Tensor& weight_t = *weight;
+    check_device(weight_t, op, "weight", x);
+    TORCH_CHECK_TYPE(weight_t.scalar_type() == x.scalar_type(), op, ": weight has dtype ",
+                     c10::toString(weight_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()),
+                     "; they must match");
+    TORCH_CHECK_VALUE(weight_t.dim() == 1 && weight_t.size(0) == hidden, op,
+                      ": weight must have shape [", std::to_string(hidden), "] (the last dim of x), got ",
+                      shape_str(weight_t.sizes()));
+  }
+
+  const float eps_f = static_cast<float>(eps);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(eps_f) && eps_f > 0, op, ": eps must be a finite number > 0 in float32, got ",
+                    number_str(eps));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Plans& device_plans = plans_for(x, dtype, op);
+  torch::Tensor grad_x = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_h = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  // shaped like scale: summed over the rows it broadcasts to
+  torch::Tensor grad_scale = torch::empty(scale.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  // shaped like shift: summed over the rows it broadcasts to
+  torch::Tensor grad_shift = torch::empty(shift.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  // shaped like gate: summed over the rows it broadcasts to, when gate is given (else empty)
+  torch::Tensor grad_gate = torch::empty(gate.has_value() ? (*gate).sizes().vec() : std::vector<int64_t>{0}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  // summed over the rows, when weight is given (else empty)
+  torch::Tensor grad_weight = torch::empty({weight.has_value() ? hidden : 0}, x.options());
+  if (x.numel() == 0) {  // no rows: the sums over them are zero
+    grad_weight.zero_();
+    grad_scale.zero_();
+    grad_shift.zero_();
+    grad_gate.zero_();
+    return std::make_tuple(grad_x, grad_h, grad_scale, grad_shift, grad_gate, grad_weight);
+  }
+
+  // A [rows, width] view with unit stride in the last dim; anything else is copied once.
+  auto as_rows = [](const torch::Tensor& t, int64_t width) {
+    torch::Tensor rows = t.reshape({-1, width});
+    return rows.stride(1) == 1 ? rows : rows.contiguous();
+  };
+  // A broadcast input as [outer, inner, hidden] over x's rows: a size-1 dim gets stride 0, so a
+  // per-batch [B, 1, C] tensor is read in place. Broadcasts that do not collapse this way are
+  // copied out once.
+  const int64_t inner = x.dim() >= 2 ? x.size(-2) : 1;
+  auto as_broadcast_rows = [&](const torch::Tensor& t) {
+    torch::Tensor rows = t.expand(out_shape).reshape({-1, inner, hidden});
+    return rows.stride(2) == 1 ? rows : rows.contiguous();
+  };
+  const torch::Tensor x_rows = as_rows(x, hidden);
+  const torch::Tensor h_rows = as_rows(h, hidden);
+  const torch::Tensor scale_rows = as_broadcast_rows(scale);
+  const torch::Tensor shift_rows = as_broadcast_rows(shift);
+  const torch::Tensor grad_out_rows = as_rows(grad_out, hidden);
+  const torch::Tensor grad_residual_out_rows = as_rows(grad_residual_out, hidden);
+  const std::optional<torch::Tensor> gate_rows = gate.has_value()
+      ? std::optional<torch::Tensor>(as_broadcast_rows(*gate))
+      : std::nullopt;
+  const std::optional<torch::Tensor> weight_col =
+      weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
+  // An output shaped like a broadcast input: written per row when the input has x's shape, summed per
+  // batch when it is [..., 1, hidden] over x's leading dims, else written per row to scratch and summed
+  // to the input's shape here (rounded twice).
+  auto per_batch = [&](const torch::Tensor& t) {
+    bool batch = x.dim() >= 2 && t.size(-2) == 1;
+    for (int64_t d = 0; batch && d + 2 < x.dim(); ++d) batch = t.size(d) == out_shape[d];
+    return batch;
+  };
+  const torch::Tensor grad_x_rows = grad_x.view({-1, hidden});
+  const torch::Tensor grad_h_rows = grad_h.view({-1, hidden});
+  const bool grad_scale_per_row = scale.sizes() == c10::IntArrayRef(out_shape);
+  const bool grad_scale_per_batch = !grad_scale_per_row && per_batch(scale);
+  const torch::Tensor grad_scale_rows = grad_scale_per_row ? grad_scale.view({-1, hidden})
+      : !grad_scale_per_batch ? torch::empty(out_shape, x.options()).view({-1, hidden})
+      : torch::Tensor();
+  const bool grad_shift_per_row = shift.sizes() == c10::IntArrayRef(out_shape);
+  const bool grad_shift_per_batch = !grad_shift_per_row && per_batch(shift);
+  const torch::Tensor grad_shift_rows = grad_shift_per_row ? grad_shift.view({-1, hidden})
+      : !grad_shift_per_batch ? torch::empty(out_shape, x.options()).view({-1, hidden})
+      : torch::Tensor();
+  const bool grad_gate_per_row = gate.has_value() && (*gate).sizes() == c10::IntArrayRef(out_shape);
+  const bool grad_gate_per_batch = gate.has_value() && !grad_gate_per_row && per_batch((*gate));
+  const torch::Tensor grad_gate_rows = grad_gate_per_row ? grad_gate.view({-1, hidden})
+      : gate.has_value() && !grad_gate_per_batch ? torch::empty(out_shape, x.options()).view({-1, hidden})
+      : torch::Tensor();
+
+  kgen_residual_adaln_rmsnorm_backward::ResidualAdalnRmsnormBackwardArgs args{};
+  args.x = x_rows.data_ptr();
+  args.x_row_stride = x_rows.stride(0);
+  args.h = h_rows.data_ptr();
+  args.h_row_stride = h_rows.stride(0);
+  args.scale = scale_rows.data_ptr();
+  args.scale_row_stride = scale_rows.stride(1);
+  args.scale_outer_stride = scale_rows.stride(0);
+  args.shift = shift_rows.data_ptr();
+  args.shift_row_stride = shift_rows.stride(1);
+  args.shift_outer_stride = shift_rows.stride(0);
+  args.grad_out = grad_out_rows.data_ptr();
+  args.grad_out_row_stride = grad_out_rows.stride(0);
+  args.grad_residual_out = grad_residual_out_rows.data_ptr();
+  args.grad_residual_out_row_stride = grad_residual_out_rows.stride(0);
+  if (gate_rows.has_value()) {
+    args.gate = gate_rows->data_ptr();
+    args.gate_row_stride = gate_rows->stride(1);
+    args.gate_outer_stride = gate_rows->stride(0);
+  }
+  args.weight = weight_col? weight_col->data_ptr() : nullptr;
+  args.grad_x = grad_x_rows.data_ptr();
+  args.grad_x_row_stride = grad_x_rows.stride(0);
+  args.grad_h = grad_h_rows.data_ptr();
+  args.grad_h_row_stride = grad_h_rows.stride(0);
+  args.grad_scale = grad_scale_rows.defined() ? grad_scale_rows.data_ptr() : nullptr;
+  args.grad_scale_row_stride = hidden;
+  args.grad_scale_per_batch = grad_scale_per_batch ? grad_scale.data_ptr() : nullptr;
+  args.grad_shift = grad_shift_rows.defined() ? grad_shift_rows.data_ptr() : nullptr;
+  args.grad_shift_row_stride = hidden;
+  args.grad_shift_per_batch = grad_shift_per_batch ? grad_shift.data_ptr() : nullptr;
+  args.grad_gate = grad_gate_rows.defined() ? grad_gate_rows.data_ptr() : nullptr;
+  args.grad_gate_row_stride = hidden;
+  args.grad_gate_per_batch = grad_gate_per_batch ? grad_gate.data_ptr() : nullptr;
+  args.grad_weight = grad_weight.numel() > 0 ? grad_weight.data_ptr() : nullptr;
+  // The partial rows: fp32 tensors of the caching allocator, freed (stream-ordered) when this returns.
+  struct Workspace {
+    at::TensorOptions options;
+    std::vector<torch::Tensor> tensors;
+  } workspace{x.options().dtype(at::kFloat), {}};
+  args.workspace = [](void* owner, int64_t floats) -> float* {
+    auto* w = static_cast<Workspace*>(owner);
+    w->tensors.push_back(torch::empty({floats}, w->options));
+    return w->tensors.back().data_ptr<float>();
+  };
+  args.workspace_owner = &workspace;
+  args.rows = x_rows.size(0);
+  args.hidden = hidden;
+  args.inner = inner;
+  args.batches = grad_scale_per_batch || grad_shift_per_batch || grad_gate_per_batch ? args.rows / inner : 1;
+  args.eps = eps_f;
+  args.dtype = dtype;
+  args.convention = convention;
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  if (grad_scale_rows.defined() && !grad_scale_per_row) grad_scale.copy_(grad_scale_rows.view(out_shape).sum_to_size(grad_scale.sizes()));
+  if (grad_shift_rows.defined() && !grad_shift_per_row) grad_shift.copy_(grad_shift_rows.view(out_shape).sum_to_size(grad_shift.sizes()));
+  if (grad_gate_rows.defined() && !grad_gate_per_row) grad_gate.copy_(grad_gate_rows.view(out_shape).sum_to_size(grad_gate.sizes()));
+  return std::make_tuple(grad_x, grad_h, grad_scale, grad_shift, grad_gate, grad_weight);
+}
+
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps) {
+  return run_residual_adaln_rmsnorm_backward(x, h, scale, shift, grad_out, grad_residual_out, gate, weight, eps, kgen_residual_adaln_rmsnorm_backward::Convention::k_single_rounding, "residual_adaln_rmsnorm_backward");
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_backward_diffusers(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps) {
+  return run_residual_adaln_rmsnorm_backward(x, h, scale, shift, grad_out, grad_residual_out, gate, weight, eps, kgen_residual_adaln_rmsnorm_backward::Convention::k_diffusers, "residual_adaln_rmsnorm_backward_diffusers");
+}
+
+void register_ops(torch::Library& ops) {
+  ops.def("residual_adaln_rmsnorm_backward(Tensor x, Tensor h, Tensor scale, Tensor shift, Tensor grad_out, Tensor grad_residual_out, Tensor? gate, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.impl("residual_adaln_rmsnorm_backward", torch::kCUDA, &residual_adaln_rmsnorm_backward);
+  // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
+  ops.impl("residual_adaln_rmsnorm_backward", torch::kCPU, &residual_adaln_rmsnorm_backward);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("residual_adaln_rmsnorm_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.def("residual_adaln_rmsnorm_backward_diffusers(Tensor x, Tensor h, Tensor scale, Tensor shift, Tensor grad_out, Tensor grad_residual_out, Tensor? gate, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.impl("residual_adaln_rmsnorm_backward_diffusers", torch::kCUDA, &residual_adaln_rmsnorm_backward_diffusers);
+  // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
+  ops.impl("residual_adaln_rmsnorm_backward_diffusers", torch::kCPU, &residual_adaln_rmsnorm_backward_diffusers);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("residual_adaln_rmsnorm_backward_diffusers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace residual_adaln_rmsnorm_backward_binding
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   residual_adaln_rmsnorm_binding::register_ops(ops);
+  residual_adaln_rmsnorm_backward_binding::register_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

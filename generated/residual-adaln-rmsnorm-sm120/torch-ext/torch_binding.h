@@ -9,3 +9,10 @@ std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm(const torch::Ten
 // residual_adaln_rmsnorm_diffusers: convention diffusers (diffusers LTX-Video blocks: each step in the dtype)
 std::tuple<torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_diffusers(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps);
 }  // namespace residual_adaln_rmsnorm_binding
+
+namespace residual_adaln_rmsnorm_backward_binding {
+// residual_adaln_rmsnorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps);
+// residual_adaln_rmsnorm_backward_diffusers: convention diffusers (the gradient of diffusers (its roundings to the dtype differentiate as the identity))
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> residual_adaln_rmsnorm_backward_diffusers(const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& weight, double eps);
+}  // namespace residual_adaln_rmsnorm_backward_binding

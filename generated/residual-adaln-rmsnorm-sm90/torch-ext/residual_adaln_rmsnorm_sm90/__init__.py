@@ -71,4 +71,37 @@ _register_fake("residual_adaln_rmsnorm", _residual_adaln_rmsnorm_fake)
 _register_fake("residual_adaln_rmsnorm_diffusers", _residual_adaln_rmsnorm_fake)
 
 
+def _residual_adaln_rmsnorm_backward_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, gate: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_rmsnorm_backward."""
+    torch._check(x.dim() >= 1, lambda: "residual_adaln_rmsnorm_backward: x must have at least one dim")
+    if weight is not None:
+        torch._check(weight.dtype == x.dtype, lambda: f"residual_adaln_rmsnorm_backward: weight has dtype {weight.dtype} but x has {x.dtype}")
+        torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+                     lambda: f"residual_adaln_rmsnorm_backward: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
+    torch._check(h.dtype == x.dtype, lambda: "residual_adaln_rmsnorm_backward: h must have the dtype of x")
+    torch._check(h.shape == x.shape, lambda: "residual_adaln_rmsnorm_backward: h must have the shape of x")
+    torch._check(scale.dtype == x.dtype, lambda: "residual_adaln_rmsnorm_backward: scale must have the dtype of x")
+    torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
+                                                enumerate(zip(scale.shape, x.shape))),
+                 lambda: f"residual_adaln_rmsnorm_backward: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
+    torch._check(shift.dtype == x.dtype, lambda: "residual_adaln_rmsnorm_backward: shift must have the dtype of x")
+    torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
+                                                enumerate(zip(shift.shape, x.shape))),
+                 lambda: f"residual_adaln_rmsnorm_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
+    torch._check(grad_out.dtype == x.dtype, lambda: "residual_adaln_rmsnorm_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.shape == x.shape, lambda: "residual_adaln_rmsnorm_backward: grad_out must have the shape of x")
+    torch._check(grad_residual_out.dtype == x.dtype, lambda: "residual_adaln_rmsnorm_backward: grad_residual_out must have the dtype of x")
+    torch._check(grad_residual_out.shape == x.shape, lambda: "residual_adaln_rmsnorm_backward: grad_residual_out must have the shape of x")
+    if gate is not None:
+        torch._check(gate.dtype == x.dtype, lambda: "residual_adaln_rmsnorm_backward: gate must have the dtype of x")
+        torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
+                                                    enumerate(zip(gate.shape, x.shape))),
+                     lambda: f"residual_adaln_rmsnorm_backward: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), torch.empty(shift.shape, dtype=x.dtype, device=x.device), x.new_empty(gate.shape if gate is not None else [0]), x.new_empty(x.shape[-1:] if weight is not None else [0]))
+
+
+_register_fake("residual_adaln_rmsnorm_backward", _residual_adaln_rmsnorm_backward_fake)
+_register_fake("residual_adaln_rmsnorm_backward_diffusers", _residual_adaln_rmsnorm_backward_fake)
+
+
 __all__ = ["residual_adaln_rmsnorm", "layers", "CONVENTIONS"]
