@@ -109,9 +109,9 @@ def test_ltx_video_output_matches(served_ops, build_root):
 
 
 def test_training_mode_gradients_of_every_parameter_flow(served_ops, build_root):
-    """patch(training=True) serves the q/k norms, the rotary embedding and the GELU (the ops with derived
-    backwards; the AdaLN norms stay diffusers'); one training step's bf16 gradients of every parameter are as
-    close to the fp32 model's as diffusers' own bf16 gradients are."""
+    """A patched model trains: every op runs with its derived backward (the blocks' AdaLN norms and fused
+    residual adds too, their per-batch modulation's gradients summed per batch); one training step's bf16
+    gradients of every parameter are as close to the fp32 model's as diffusers' own bf16 gradients are."""
     import copy
 
     arch, calls = served_ops
@@ -127,13 +127,19 @@ def test_training_mode_gradients_of_every_parameter_flow(served_ops, build_root)
     truth = grads(copy.deepcopy(model), torch.float32)
     eager = grads(copy.deepcopy(model), torch.bfloat16)
     kgen = copy.deepcopy(model)
-    served = patch(kgen, arch=arch, root=build_root, training=True)
-    assert served == {"blocks": 0, "attentions": 4, "gelu_tanh": 2, "norm_out": 0}
+    served = patch(kgen, arch=arch, root=build_root)
+    assert served == {"blocks": 2, "attentions": 4, "gelu_tanh": 2, "norm_out": 1}
     before = calls.copy()
     got = grads(kgen, torch.bfloat16)
     if not GPU:  # each op and its derived backward ran
         ran = {name: calls[name] - before[name] for name in calls if calls[name] > before[name]}
         assert ran == {
+            "adaln_rmsnorm_diffusers": 1,
+            "adaln_rmsnorm_backward_diffusers": 1,
+            "residual_adaln_rmsnorm_diffusers": 3,
+            "residual_adaln_rmsnorm_backward_diffusers": 3,
+            "residual_adaln_layernorm_diffusers": 1,
+            "residual_adaln_layernorm_backward_diffusers": 1,
             "rmsnorm": 8,
             "rmsnorm_backward": 8,
             "rope3d_qk": 2,
@@ -142,11 +148,21 @@ def test_training_mode_gradients_of_every_parameter_flow(served_ops, build_root)
             "gelu_tanh_backward": 2,
         }
     assert got.keys() == truth.keys() == dict(model.named_parameters()).keys()
+    # Each parameter's gradient as a whole (relative L2 error from fp32) as close as diffusers' own bf16, and
+    # no element far off: the largest error within 4× diffusers' largest. A gradient summed over 2 × 2688 rows
+    # (the AdaLN tables') carries every block's bf16 error; its worst element is a few bf16 steps either way,
+    # and kgen's derived backwards round other steps than ATen's.
     for name, want in truth.items():
-        eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
         assert torch.isfinite(got[name]).all(), name
-        assert kgen_err <= 1.5 * eager_err + 1e-3 * want.abs().max().item(), (
-            f"{name}: kgen {kgen_err:.4g} vs diffusers {eager_err:.4g} from fp32"
+        eager_rel, kgen_rel = (
+            (g - want).norm().item() / want.norm().item() for g in (eager[name], got[name])
+        )
+        eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
+        assert (
+            kgen_rel <= 1.5 * eager_rel + 1e-3 and kgen_err <= 4 * eager_err + 1e-3 * want.abs().max().item()
+        ), (
+            f"{name}: kgen {kgen_rel:.4g} (worst element {kgen_err:.4g}) vs diffusers {eager_rel:.4g} "
+            f"({eager_err:.4g}) from fp32"
         )
 
 

@@ -12,9 +12,9 @@ conventions; torch.nn.RMSNorm's for the q/k norms, fp32 rotation rounded once as
 apply_rotary_emb). Modules are matched by class name (diffusers' RMSNorm is not torch.nn.RMSNorm) and the
 whole structure is checked before anything changes.
 
-For training (`patch(model, training=True)`) only the kernels with a derived backward are used: the q/k
-norms, the rotary embedding and the GELU; the blocks' AdaLN norms and residual adds stay diffusers' (the
-adaln ops have no backward yet)."""
+Every op has a derived backward, so a patched model trains as it is: the AdaLN norms' per-batch scale, shift
+and gate get their gradients summed over each batch's rows, the residual stream's flow through both outputs
+of the fused residual adds."""
 
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ OPS = (
     "rope3d_coords",
     "gelu_tanh",
 )
-TRAINING_OPS = ("rmsnorm", "rope3d_qk", "rope3d_coords", "gelu_tanh")  # the ops with a derived backward
 BLOCK, ATTENTION = "LTXVideoTransformerBlock", "LTXAttention"
 
 
@@ -66,25 +65,19 @@ def patch(
     arch: str | None = None,
     root: Path = Path("generated"),
     step: Callable[[str], None] = lambda _: None,
-    training: bool = False,
 ) -> dict[str, int]:
     """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it
     finds); returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not
     know. A patched block returns a `Pending` residual add for the next block or norm_out: call the model,
-    not a block. ``training``: only the ops with a derived backward (the blocks and norm_out stay
-    diffusers')."""
+    not a block. The patched model trains too (every op's backward is derived from its spec)."""
     _check(model)
-    ops = TRAINING_OPS if training else OPS
-    kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in ops}
+    kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in OPS}
     model.rope.forward = MethodType(_latent_grid, model.rope)
-    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0, "norm_out": 0}
-    if not training:
-        model.norm_out.forward = MethodType(_final_norm(kernels["residual_adaln_layernorm"]), model.norm_out)
-        done["norm_out"] = 1
+    done = {"blocks": 0, "attentions": 0, "gelu_tanh": 0, "norm_out": 1}
+    model.norm_out.forward = MethodType(_final_norm(kernels["residual_adaln_layernorm"]), model.norm_out)
     for block in model.transformer_blocks:
-        if not training:
-            block.forward = MethodType(_block_forward(kernels), block)
-            done["blocks"] += 1
+        block.forward = MethodType(_block_forward(kernels), block)
+        done["blocks"] += 1
         for attn in (block.attn1, block.attn2):
             attn.set_processor(_Attention(kernels, attn.processor))
         for module in block.ff.modules():

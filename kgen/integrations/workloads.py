@@ -57,7 +57,7 @@ def ltx_train(torch, device, config, patch_kwargs, steps, log):
     with torch.device(device):
         model = LTXVideoTransformer3DModel(**(config or {"num_layers": 4})).to(torch.bfloat16).train()
     kgen = copy.deepcopy(model)
-    patch(kgen, training=True, **patch_kwargs)
+    patch(kgen, **patch_kwargs)
     grid = (7, 16, 24) if not config else (2, 3, 4)
     inputs = _ltx_inputs(torch, device, model, grid)
     target = torch.randn(*inputs["hidden_states"].shape[:2], model.config.out_channels, device=device)
