@@ -5,7 +5,7 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
   512×768) and S = 8064 (21×16×24: 161 frames), 128 caption tokens.
 - ltx-train: one training step (forward, a mean-squared error against a random target, backward; no
   optimizer) of the LTX-Video 2B config cut to 4 blocks at B = 2, S = 2688 (7×16×24); the kgen model patched
-  for training (q/k norms, rotary and GELU with their derived backwards; the AdaLN norms stay diffusers').
+  as for inference (every op runs with its derived backward).
 - qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
   after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
   its whole length, so every step costs the same).
