@@ -51,6 +51,9 @@ def test_a_family_from_outside_kgen_plans_and_renders(plugged):
     assert "'s': (2, 5)" in files["tests/test_scale_rows.py"]  # the family's shapes reach the generated test
     result = CliRunner().invoke(app, ["explain", "scale_rows", "--shape", "4x4096"])
     assert result.exit_code == 0 and "one thread per element" in result.output, result.output
+    # a family that derives no backward: `explain --backward` refuses it
+    refused = CliRunner().invoke(app, ["explain", "scale_rows", "--backward"])
+    assert refused.exit_code == 2 and "scale_rows has no backward kernels yet" in refused.output
 
 
 def test_a_spec_of_an_unregistered_family_is_refused(monkeypatch):

@@ -332,7 +332,12 @@ class ColumnReduceFamily(RowsFamily):
                 if columns
                 else ""
             )
-            + f" within the {budget_bytes} B budget (profile planner.column_reduce.register_bytes_per_thread)"
+            + f" within the {budget_bytes} B budget (profile planner.column_reduce.register_bytes_per_thread"
+            + (
+                f", {facts.register_bytes_per_thread} B, grown with {resident} threads resident per SM)"
+                if budget_bytes != facts.register_bytes_per_thread
+                else ")"
+            )
             + (
                 ""
                 if columns or not spec.column_inputs

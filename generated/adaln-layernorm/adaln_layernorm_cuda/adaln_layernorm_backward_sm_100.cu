@@ -46,52 +46,52 @@
 //   why:
 //     threads_per_row (1536 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1536 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (1536 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (1536 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (3072 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (3072 B, 4/access): 4: 256 threads per block / 64 per row
-//     storage (3072 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (3072 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (6144 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (6144 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (6144 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (6144 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (12288 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (12288 B, 4/access): 1: a row needs the whole block
-//     storage (12288 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (12288 B, 4/access): registers: 3 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 4/access): 384: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (512 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 1/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 1/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
-//     storage (4096 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 1/access): 384: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (1024 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 8/access): 8: 256 threads per block / 32 per row
-//     storage (1024 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 8/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (2048 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 8/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (4096 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (8192 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
-//     storage (8192 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 8/access): 384: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (256 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread); shift, which only the outputs read, is loaded there, not held
+//     storage (256 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
 //     threads_per_row (1024 B, 1/access) float16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
