@@ -117,6 +117,14 @@ def test_the_outside_family_compiles_and_builds(plugged, tmp_path):
     assert "warning" not in log.lower(), log
     variant = build_project(project, target)
     assert len(list(variant.glob("*.abi3.so"))) == 1
+    # its family derives no backward: backprop raises instead of PyTorch's default warning and no gradient
+    scale_rows = load(project)
+    x = torch.randn(2, 4, 40, device="meta", requires_grad=True)
+    s = torch.randn(2, 4, device="meta")
+    with pytest.raises(RuntimeError, match="derivative for .*scale_rows is not implemented"):
+        scale_rows.scale_rows(x, s).sum().backward()
+    with torch.no_grad():
+        assert scale_rows.scale_rows(x, s).shape == x.shape
 
 
 @pytest.mark.gpu

@@ -322,7 +322,7 @@ class ColumnReduceFamily(RowsFamily):
         rows_only = self._held_bytes(spec, access_bytes, elems)
         # at most 4 accesses: 8 scalar accesses of layernorm's 4 inputs and 2 sums spilled at 64 registers
         # (nvcc 13.0, sm_90)
-        accesses = max(1, min(4, budget_bytes // rows_only))
+        accesses = max(1, min(4, budget_bytes // max(1, rows_only)))  # nothing held: a spec's sums of params
         columns = accesses * (rows_only + len(spec.column_inputs) * held_bytes) <= budget_bytes
         budget = (
             f"{accesses} × ({len(held)} row inputs × {held_bytes} B + "

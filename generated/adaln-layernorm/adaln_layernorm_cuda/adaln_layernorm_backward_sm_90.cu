@@ -390,7 +390,6 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
   using Access = Pack<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
   constexpr int kCached = STORAGE == RowStorage::kRegisters ? MAX_ACCESSES : 1;
-  constexpr int kColumnsCached = COLUMNS_IN_REGISTERS ? kCached : 1;
   __shared__ float scratch[4][ceil_div(kBlock, kWarpSize)];
 
   const int lane = threadIdx.x % THREADS_PER_ROW;
