@@ -444,17 +444,18 @@ class ColumnReduceFamily(RowsFamily):
             for name, expr in s.finalize.items():
                 scope[name] = values[name] = evaluate(expr, scope, io)
         outputs = structure.convention(convention).outputs
+        named = {t.name: v for t, v in zip(spec.inputs, inputs)}
         out = []
         for t in spec.outputs:
             value = torch.as_tensor(evaluate(outputs[t.name], values, io), dtype=torch.float64).expand(shape)
             given = structure.when_given.get(t.name)
-            absent = given and inputs[[i.name for i in spec.inputs].index(given)] is None
+            absent = given and named[given] is None
             if absent:
                 value = value.new_empty(0)
             elif t.column:
                 value = value.reshape(-1, shape[-1]).sum(0)
             elif like := structure.shaped_like.get(t.name):
-                value = value.sum_to_size(inputs[[i.name for i in spec.inputs].index(like)].shape)
+                value = value.sum_to_size(named[like].shape)
             out.append(value)
         return tuple(out)
 
