@@ -39,6 +39,7 @@ class ArchProfile(BaseModel):
     bf16: bool
     clusters: bool
     tma: bool  # the tensor memory accelerator (bulk tensor copies)
+    async_copy: bool  # cp.async: global-to-shared copies that do not hold a register
     devices: list[Device] = Field(min_length=1)
     planner: PlannerFacts
 

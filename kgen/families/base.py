@@ -57,7 +57,7 @@ class Bucket:
     threads_per_row: int  # threads per block where rows are flattened
     rows_per_block: int
     max_accesses_per_thread: int  # the register array length (registers storage only)
-    storage: str  # where a row lives between passes: "registers" | "shared" | "global" (re-read)
+    storage: str  # where a row lives between passes: "registers" | "staged" | "shared" | "global" (re-read)
     columns_fit: bool  # per-column inputs fit in registers beside the row (loaded with it in one-wave grids)
     reasons: dict[str, str] = field(compare=False, hash=False)
 

@@ -232,6 +232,7 @@ class ColumnReduceContext(FamilyContext):
     out_elems: str
     when_given: dict[str, str]
     streamed: list[str]  # row inputs only the outputs read: loaded there, not held with the row
+    held: list[Tensor]  # the others: held on chip (registers, staged or re-read) with the row
     shaped_like: dict[str, str]  # an output shaped like a broadcast input -> that input
     summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per slot
 
@@ -294,9 +295,13 @@ class ColumnReduceFamily(RowsFamily):
         )
 
     @staticmethod
-    def _held_bytes(spec: OpSpec, access_bytes: int, elems: int) -> int:
+    def _held(spec: OpSpec) -> list[Tensor]:
+        """The row inputs the sums read: held on chip with the row (the others are loaded by the outputs)."""
+        return [t for t in spec.row_inputs if t.name in spec.structure.summed()]
+
+    def _held_bytes(self, spec: OpSpec, access_bytes: int, elems: int) -> int:
         """One access of the row inputs the sums read and the fp32 sums of every summed output."""
-        held = [t for t in spec.row_inputs if t.name in spec.structure.summed()]
+        held = self._held(spec)
         summed = len(spec.column_outputs) + len(spec.structure.shaped_like)
         return len(held) * max(4, access_bytes) + summed * elems * 4
 
@@ -318,7 +323,7 @@ class ColumnReduceFamily(RowsFamily):
         access_bytes = elem * elems
         held_bytes = max(4, access_bytes)  # a 16-bit element alone still takes a 32-bit register
         summed = len(spec.column_outputs) + len(spec.structure.shaped_like)
-        held = [t for t in spec.row_inputs if t.name in spec.structure.summed()]
+        held = self._held(spec)
         rows_only = self._held_bytes(spec, access_bytes, elems)
         # at most 4 accesses: 8 scalar accesses of layernorm's 4 inputs and 2 sums spilled at 64 registers
         # (nvcc 13.0, sm_90)
@@ -349,6 +354,23 @@ class ColumnReduceFamily(RowsFamily):
                 if t not in held
             )
         )
+        # the slot's next row copied into shared memory while this one is reduced: two buffers of the row
+        # inputs' accesses for every resident thread, within 3/4 of the SM's shared memory (the rest stays L1
+        # for the column inputs re-read per row); cp.async copies 4, 8 or 16 bytes
+        staged_bytes = 2 * accesses * len(spec.row_inputs) * access_bytes * resident
+        staged = (
+            profile.async_copy
+            and held
+            and access_bytes >= 4
+            and staged_bytes <= profile.shared_memory_per_sm * 3 // 4
+        )
+        storage = (
+            f"staged: {budget}; the slot's next row is copied (cp.async) into shared memory while this one "
+            f"is reduced, {staged_bytes // 1024} KB per SM in two buffers (within 3/4 of profile "
+            "shared_memory_per_sm): two rows in flight per slot"
+            if staged
+            else f"registers: {budget}"
+        )
         out = []
         for threads in (t for t in facts.threads_per_row if t <= resident):
             rows_per_block = max(1, profile.planner.block_threads // threads)
@@ -359,7 +381,7 @@ class ColumnReduceFamily(RowsFamily):
                     threads,
                     rows_per_block,
                     accesses,
-                    "registers",
+                    "staged" if staged else "registers",
                     columns,
                     {
                         "threads_per_row": f"{threads}: the narrowest step of the profile's ladder "
@@ -368,7 +390,7 @@ class ColumnReduceFamily(RowsFamily):
                         f"block / {threads} per row"
                         if rows_per_block > 1
                         else "1: a row needs the whole block",
-                        "storage": f"registers: {budget}",
+                        "storage": storage,
                     },
                 )
             )
@@ -534,6 +556,7 @@ class ColumnReduceFamily(RowsFamily):
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
             when_given=structure.when_given,
             streamed=[t.name for t in spec.row_inputs if t.name not in structure.summed()],
+            held=self._held(spec),
             shaped_like=structure.shaped_like,
             summed_outputs=self.summed_outputs(spec),
         )

@@ -11,27 +11,27 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
-//     rows <= 512 B: 4 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 16384 B: 4 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 512 B: 4 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
+//     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
+//     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
+//     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 16384 B: 4 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
-//     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
-//     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
-//     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
-//     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows <= 16384 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
+//     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in staged
+//     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in staged
+//     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in staged
+//     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in staged
+//     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in staged
+//     rows <= 16384 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   float16:
-//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
+//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
+//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
+//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -41,12 +41,12 @@
 //     rows <= 8192 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   bfloat16:
-//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
+//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
+//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
+//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -58,64 +58,64 @@
 //   why:
 //     threads_per_row (512 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 4/access): registers: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (512 B, 4/access): staged: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 4/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 4/access): registers: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (1024 B, 4/access): staged: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 4/access): registers: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (2048 B, 4/access): staged: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 4/access): 1: a row needs the whole block
-//     storage (4096 B, 4/access): registers: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (4096 B, 4/access): staged: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 4/access): 1: a row needs the whole block
-//     storage (8192 B, 4/access): registers: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (8192 B, 4/access): staged: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (16384 B, 4/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
-//     storage (16384 B, 4/access): registers: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (16384 B, 4/access): staged: 1 × (2 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (2 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (512 B, 1/access): staged: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 1/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (1024 B, 1/access): staged: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 1/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (2048 B, 1/access): staged: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
-//     storage (4096 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (4096 B, 1/access): staged: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
-//     storage (8192 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (8192 B, 1/access): staged: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (16384 B, 1/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 1/access): 1: a row needs the whole block
-//     storage (16384 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     storage (16384 B, 1/access): staged: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 8/access): registers: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
+//     storage (512 B, 8/access): staged: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 8/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 8/access): registers: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
+//     storage (1024 B, 8/access): staged: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 8/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 8/access): registers: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
+//     storage (2048 B, 8/access): staged: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 1: a row needs the whole block
-//     storage (4096 B, 8/access): registers: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
+//     storage (4096 B, 8/access): staged: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
-//     storage (8192 B, 8/access): registers: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
+//     storage (8192 B, 8/access): staged: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (16384 B, 8/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 8/access): 1: a row needs the whole block
-//     storage (16384 B, 8/access): registers: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits)
+//     storage (16384 B, 8/access): staged: 1 × (2 row inputs × 16 B + 2 × 8 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
@@ -124,24 +124,35 @@
 //     storage (256 B, 1/access): registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
+//     storage (512 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (1024 B, 1/access) float16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access) float16: 2: 256 threads per block / 128 per row
+//     storage (1024 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (2048 B, 1/access) float16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) float16: 1: a row needs the whole block
+//     storage (2048 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (4096 B, 1/access) float16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (4096 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (8192 B, 1/access) float16: 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (8192 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (512 B, 1/access) bfloat16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) bfloat16: 4: 256 threads per block / 64 per row
+//     storage (512 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (1024 B, 1/access) bfloat16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access) bfloat16: 2: 256 threads per block / 128 per row
+//     storage (1024 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (2048 B, 1/access) bfloat16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) bfloat16: 1: a row needs the whole block
+//     storage (2048 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (4096 B, 1/access) bfloat16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (4096 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (8192 B, 1/access) bfloat16: 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (8192 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (2 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 #include "layernorm_backward.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -206,6 +217,8 @@ constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 1024;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(132) * kResidentPerSm;  // the partition: × profile sm_count
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
+constexpr int kStagedInputs = 2;  // kStaged: every row input (the held ones, then those only the outputs read)
 constexpr int kSummedOutputs = 2;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
 constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
@@ -311,13 +324,16 @@ __device__ __forceinline__ float row_reduce_sum(float v, float* scratch) {
   return v;
 }
 
-enum class RowStorage { kRegisters, kGlobal };
+// Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
+// memory, where the slot's next row is copied asynchronously while this one is reduced (staged); or global
+// memory, re-read by every pass.
+enum class RowStorage { kRegisters, kStaged, kGlobal };
 
 // Calls f(k, i) for this thread's accesses i = lane + k * THREADS_PER_ROW of a row of `count` accesses.
 // With register storage the loop is fully unrolled so k indexes a register array.
 template <int THREADS_PER_ROW, int MAX_ACCESSES, RowStorage STORAGE, typename F>
 __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) {
-  if constexpr (STORAGE == RowStorage::kRegisters) {
+  if constexpr (STORAGE != RowStorage::kGlobal) {
 #pragma unroll
     for (int k = 0; k < MAX_ACCESSES; ++k) {
       const int64_t i = lane + int64_t(k) * THREADS_PER_ROW;
@@ -346,7 +362,7 @@ __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
 layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, float* __restrict__ grad_bias_partials, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
-  constexpr int kCached = STORAGE == RowStorage::kRegisters ? MAX_ACCESSES : 1;
+  constexpr int kCached = STORAGE != RowStorage::kGlobal ? MAX_ACCESSES : 1;
   constexpr int kColumnsCached = COLUMNS_IN_REGISTERS ? kCached : 1;
   __shared__ float scratch[4][ceil_div(kBlock, kWarpSize)];
 
@@ -376,16 +392,41 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
   }
 
   const int64_t batch_blocks = gridDim.x, batch_rows = rows, base = 0, part = blockIdx.x;  // one batch: every row
+  auto x_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(x + row * x_row_stride);
+  };
+  auto grad_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+  };
+  const int64_t stride = batch_blocks * ROWS_PER_BLOCK;  // rows between a slot's consecutive rows
+  // kStaged: the row inputs of the slot's row at `first`, copied (cp.async) into this thread's own slots of
+  // shared-memory buffer `buffer`; a thread reads back only what it copied, so no barrier is needed.
+  extern __shared__ __align__(16) unsigned char staged_rows[];
+  auto stage = [&](int buffer, int input, int k) {
+    return reinterpret_cast<Access*>(staged_rows) + ((buffer * kStagedInputs + input) * kCached + k) * kBlock + threadIdx.x;
+  };
+  auto stage_row = [&](int64_t first, int buffer) {
+    if (first + slot < batch_rows) {
+      const int64_t row = base + first + slot;
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
+        __pipeline_memcpy_async(stage(buffer, 0, k), x_row_at(row) + i, sizeof(Access));
+        __pipeline_memcpy_async(stage(buffer, 1, k), grad_out_row_at(row) + i, sizeof(Access));
+      });
+    }
+    __pipeline_commit();
+  };
+  if constexpr (STORAGE == RowStorage::kStaged) stage_row(part * ROWS_PER_BLOCK, 0);
+  int buffer = 0;  // kStaged: the buffer holding this iteration's row
   // Every block runs the same number of iterations, so the row reductions' barriers line up.
-  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += batch_blocks * ROWS_PER_BLOCK) {
+  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += stride, buffer ^= 1) {
     const int64_t row = base + first + slot;
     const int64_t count = first + slot < batch_rows ? accesses : 0;  // a slot past the last row touches no memory
-    const Access* x_row = reinterpret_cast<const Access*>(x + row * x_row_stride);
+    const Access* x_row = x_row_at(row);
     Access x_regs[kCached] = {};
-    const Access* grad_out_row = reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+    const Access* grad_out_row = grad_out_row_at(row);
     Access grad_out_regs[kCached] = {};
     Access* grad_x_row = reinterpret_cast<Access*>(grad_x + row * grad_x_row_stride);
-    // The inputs at access k (index i): from registers, or from global memory.
+    // The inputs at access k (index i): from registers (held or staged), or from global memory.
     struct Values {
       Access x_v;
       Access grad_out_v;
@@ -394,7 +435,7 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
     };
     auto fetch = [&](int k, int64_t i) -> Values {
       Values v{};
-      if constexpr (STORAGE == RowStorage::kRegisters) {
+      if constexpr (STORAGE != RowStorage::kGlobal) {
         v.x_v = x_regs[k];
         v.grad_out_v = grad_out_regs[k];
       } else {
@@ -415,6 +456,13 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         x_regs[k] = x_row[i];
         grad_out_regs[k] = grad_out_row[i];
+      });
+    } else if constexpr (STORAGE == RowStorage::kStaged) {  // the next row's copies, then this row's from its buffer
+      stage_row(first + stride, buffer ^ 1);  // the other buffer: read into registers by the previous row, and used
+      __pipeline_wait_prior(1);               // every copy but the group just issued has landed
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
+        x_regs[k] = *stage(buffer, 0, k);
+        grad_out_regs[k] = *stage(buffer, 1, k);
       });
     }
 
@@ -498,14 +546,14 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
       if (grad_weight_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE == RowStorage::kRegisters) grad_weight_sums[k][j] += grad_weight_f[j];
+          if constexpr (STORAGE != RowStorage::kGlobal) grad_weight_sums[k][j] += grad_weight_f[j];
           else grad_weight_slot[i * ELEMS + j] += grad_weight_f[j];
         }
       }
       if (grad_bias_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE == RowStorage::kRegisters) grad_bias_sums[k][j] += grad_bias_f[j];
+          if constexpr (STORAGE != RowStorage::kGlobal) grad_bias_sums[k][j] += grad_bias_f[j];
           else grad_bias_slot[i * ELEMS + j] += grad_bias_f[j];
         }
       }
@@ -514,7 +562,7 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
     if constexpr (THREADS_PER_ROW > kWarpSize) __syncthreads();
   }
 
-  if constexpr (STORAGE == RowStorage::kRegisters) {  // the slot's partial rows
+  if constexpr (STORAGE != RowStorage::kGlobal) {  // the slot's partial rows
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
       if (grad_weight_slot != nullptr) {
 #pragma unroll
@@ -564,8 +612,14 @@ cudaError_t launch_config(const LayernormBackwardArgs& args, const Params& param
     partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
     if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
   }
-  layernorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>
-      <<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<const T*>(args.bias), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], partials[1], args.rows, args.hidden, params);
+  auto* const kernel = &layernorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
+  // kStaged: two buffers of every row input's accesses per thread
+  constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * sizeof(Pack<T, ELEMS>) : 0;
+  if constexpr (kStagedBytes > kDefaultSharedBytes) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<const T*>(args.bias), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], partials[1], args.rows, args.hidden, params);
   cudaError_t err = cudaGetLastError();
   for (int c = 0; c < kSummedOutputs && err == cudaSuccess; ++c) {
     if (outs[c] == nullptr) continue;
@@ -584,20 +638,20 @@ cudaError_t launch_float32(const LayernormBackwardArgs& args, const Params& para
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes) && aligned(args.bias, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
-  if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 8192) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Conv, 1, 1024, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 16384) return launch_config<T, Conv, 1, 1024, 1, 4, RowStorage::kStaged, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
@@ -609,12 +663,12 @@ cudaError_t launch_float16(const LayernormBackwardArgs& args, const Params& para
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes) && aligned(args.bias, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kStaged, false>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -634,12 +688,12 @@ cudaError_t launch_bfloat16(const LayernormBackwardArgs& args, const Params& par
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes) && aligned(args.bias, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, false>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kStaged, false>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);

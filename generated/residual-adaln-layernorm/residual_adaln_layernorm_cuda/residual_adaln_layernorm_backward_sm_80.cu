@@ -11,24 +11,24 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
-//     rows <= 512 B: 4 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 512 B: 4 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
+//     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
+//     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
+//     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
-//     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
-//     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
-//     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
-//     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
+//     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in staged
+//     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in staged
+//     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in staged
+//     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in staged
+//     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   float16:
-//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
+//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
+//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
+//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -37,11 +37,11 @@
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //   bfloat16:
-//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
+//     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
+//     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
+//     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in global
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -52,55 +52,55 @@
 //   why:
 //     threads_per_row (512 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 4/access): registers: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 4/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 4/access): registers: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 4/access): registers: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 4/access): 1: a row needs the whole block
-//     storage (4096 B, 4/access): registers: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 4/access): 1: a row needs the whole block
-//     storage (8192 B, 4/access): registers: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 1/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 1/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
-//     storage (4096 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
-//     storage (8192 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 8/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 8/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 1: a row needs the whole block
-//     storage (4096 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
-//     storage (8192 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
@@ -109,22 +109,31 @@
 //     storage (256 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
+//     storage (512 B, 1/access) float16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 1/access) float16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access) float16: 2: 256 threads per block / 128 per row
+//     storage (1024 B, 1/access) float16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 1/access) float16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) float16: 1: a row needs the whole block
+//     storage (2048 B, 1/access) float16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access) float16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (4096 B, 1/access) float16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) bfloat16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) bfloat16: 4: 256 threads per block / 64 per row
+//     storage (512 B, 1/access) bfloat16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 1/access) bfloat16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access) bfloat16: 2: 256 threads per block / 128 per row
+//     storage (1024 B, 1/access) bfloat16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 1/access) bfloat16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) bfloat16: 1: a row needs the whole block
+//     storage (2048 B, 1/access) bfloat16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access) bfloat16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (4096 B, 1/access) bfloat16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 #include "residual_adaln_layernorm_backward.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -189,6 +198,8 @@ constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 512;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(108) * kResidentPerSm;  // the partition: × profile sm_count
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
+constexpr int kStagedInputs = 7;  // kStaged: every row input (the held ones, then those only the outputs read)
 constexpr int kSummedOutputs = 3;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
 constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
@@ -365,13 +376,16 @@ __device__ __forceinline__ float row_reduce_sum(float v, float* scratch) {
   return v;
 }
 
-enum class RowStorage { kRegisters, kGlobal };
+// Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
+// memory, where the slot's next row is copied asynchronously while this one is reduced (staged); or global
+// memory, re-read by every pass.
+enum class RowStorage { kRegisters, kStaged, kGlobal };
 
 // Calls f(k, i) for this thread's accesses i = lane + k * THREADS_PER_ROW of a row of `count` accesses.
 // With register storage the loop is fully unrolled so k indexes a register array.
 template <int THREADS_PER_ROW, int MAX_ACCESSES, RowStorage STORAGE, typename F>
 __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) {
-  if constexpr (STORAGE == RowStorage::kRegisters) {
+  if constexpr (STORAGE != RowStorage::kGlobal) {
 #pragma unroll
     for (int k = 0; k < MAX_ACCESSES; ++k) {
       const int64_t i = lane + int64_t(k) * THREADS_PER_ROW;
@@ -401,7 +415,7 @@ __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
 residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ h, int64_t h_row_stride, const T* __restrict__ scale, int64_t scale_row_stride, int64_t scale_outer_stride, const T* __restrict__ shift, int64_t shift_row_stride, int64_t shift_outer_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ gate, int64_t gate_row_stride, int64_t gate_outer_stride, T* __restrict__ grad_x, int64_t grad_x_row_stride, T* __restrict__ grad_h, int64_t grad_h_row_stride, T* __restrict__ grad_scale, int64_t grad_scale_row_stride, T* __restrict__ grad_shift, int64_t grad_shift_row_stride, T* __restrict__ grad_gate, int64_t grad_gate_row_stride, float* __restrict__ grad_scale_partials, float* __restrict__ grad_shift_partials, float* __restrict__ grad_gate_partials, int64_t rows, int64_t hidden, int64_t inner, int64_t batches, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
-  constexpr int kCached = STORAGE == RowStorage::kRegisters ? MAX_ACCESSES : 1;
+  constexpr int kCached = STORAGE != RowStorage::kGlobal ? MAX_ACCESSES : 1;
   __shared__ float scratch[4][ceil_div(kBlock, kWarpSize)];
 
   const int lane = threadIdx.x % THREADS_PER_ROW;
@@ -433,31 +447,73 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
   const int64_t batch_rows = rows / batches;
   const int64_t base = blockIdx.x / batch_blocks * batch_rows;
   const int64_t part = blockIdx.x % batch_blocks;
+  auto x_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(x + row * x_row_stride);
+  };
+  auto h_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(h + row * h_row_stride);
+  };
+  auto scale_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
+  };
+  auto shift_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
+  };
+  auto grad_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+  };
+  auto grad_residual_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(grad_residual_out + row * grad_residual_out_row_stride);
+  };
+  auto gate_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(gate + row / inner * gate_outer_stride + row % inner * gate_row_stride);
+  };
+  const int64_t stride = batch_blocks * ROWS_PER_BLOCK;  // rows between a slot's consecutive rows
+  // kStaged: the row inputs of the slot's row at `first`, copied (cp.async) into this thread's own slots of
+  // shared-memory buffer `buffer`; a thread reads back only what it copied, so no barrier is needed.
+  extern __shared__ __align__(16) unsigned char staged_rows[];
+  auto stage = [&](int buffer, int input, int k) {
+    return reinterpret_cast<Access*>(staged_rows) + ((buffer * kStagedInputs + input) * kCached + k) * kBlock + threadIdx.x;
+  };
+  auto stage_row = [&](int64_t first, int buffer) {
+    if (first + slot < batch_rows) {
+      const int64_t row = base + first + slot;
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
+        __pipeline_memcpy_async(stage(buffer, 0, k), x_row_at(row) + i, sizeof(Access));
+        __pipeline_memcpy_async(stage(buffer, 1, k), h_row_at(row) + i, sizeof(Access));
+        if (scale_row_stride != 0) __pipeline_memcpy_async(stage(buffer, 2, k), scale_row_at(row) + i, sizeof(Access));
+        __pipeline_memcpy_async(stage(buffer, 3, k), grad_out_row_at(row) + i, sizeof(Access));
+        if (gate != nullptr && gate_row_stride != 0) __pipeline_memcpy_async(stage(buffer, 4, k), gate_row_at(row) + i, sizeof(Access));
+        if (shift_row_stride != 0) __pipeline_memcpy_async(stage(buffer, 5, k), shift_row_at(row) + i, sizeof(Access));
+        __pipeline_memcpy_async(stage(buffer, 6, k), grad_residual_out_row_at(row) + i, sizeof(Access));
+      });
+    }
+    __pipeline_commit();
+  };
+  if constexpr (STORAGE == RowStorage::kStaged) stage_row(part * ROWS_PER_BLOCK, 0);
+  int buffer = 0;  // kStaged: the buffer holding this iteration's row
   // Every block runs the same number of iterations, so the row reductions' barriers line up.
-  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += batch_blocks * ROWS_PER_BLOCK) {
+  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += stride, buffer ^= 1) {
     const int64_t row = base + first + slot;
     const int64_t count = first + slot < batch_rows ? accesses : 0;  // a slot past the last row touches no memory
-    const Access* x_row = reinterpret_cast<const Access*>(x + row * x_row_stride);
+    const Access* x_row = x_row_at(row);
     Access x_regs[kCached] = {};
-    const Access* h_row = reinterpret_cast<const Access*>(h + row * h_row_stride);
+    const Access* h_row = h_row_at(row);
     Access h_regs[kCached] = {};
-    const Access* scale_row = reinterpret_cast<const Access*>(
-        scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
+    const Access* scale_row = scale_row_at(row);
     Access scale_regs[kCached] = {};
-    const Access* shift_row = reinterpret_cast<const Access*>(
-        shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
-    const Access* grad_out_row = reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+    const Access* shift_row = shift_row_at(row);
+    const Access* grad_out_row = grad_out_row_at(row);
     Access grad_out_regs[kCached] = {};
-    const Access* grad_residual_out_row = reinterpret_cast<const Access*>(grad_residual_out + row * grad_residual_out_row_stride);
-    const Access* gate_row = reinterpret_cast<const Access*>(
-        gate + row / inner * gate_outer_stride + row % inner * gate_row_stride);
+    const Access* grad_residual_out_row = grad_residual_out_row_at(row);
+    const Access* gate_row = gate_row_at(row);
     Access gate_regs[kCached] = {};
     Access* grad_x_row = reinterpret_cast<Access*>(grad_x + row * grad_x_row_stride);
     Access* grad_h_row = reinterpret_cast<Access*>(grad_h + row * grad_h_row_stride);
     Access* grad_scale_row = reinterpret_cast<Access*>(grad_scale + row * grad_scale_row_stride);  // null unless written per row
     Access* grad_shift_row = reinterpret_cast<Access*>(grad_shift + row * grad_shift_row_stride);  // null unless written per row
     Access* grad_gate_row = reinterpret_cast<Access*>(grad_gate + row * grad_gate_row_stride);  // null unless written per row
-    // The inputs at access k (index i): from registers, or from global memory.
+    // The inputs at access k (index i): from registers (held or staged), or from global memory.
     struct Values {
       Access x_v;
       Access h_v;
@@ -469,7 +525,7 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
     };
     auto fetch = [&](int k, int64_t i) -> Values {
       Values v{};
-      if constexpr (STORAGE == RowStorage::kRegisters) {
+      if constexpr (STORAGE != RowStorage::kGlobal) {
         v.x_v = x_regs[k];
         v.h_v = h_regs[k];
         v.scale_v = scale_regs[k];
@@ -482,8 +538,18 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
         v.grad_out_v = grad_out_row[i];
         if (gate != nullptr) v.gate_v = gate_row[i];
       }
-      v.shift_v = shift_row[i];  // only the outputs read it: not held (the sums leave it unused)
-      v.grad_residual_out_v = grad_residual_out_row[i];  // only the outputs read it: not held (the sums leave it unused)
+      // only the outputs read it: not held (the sums leave it unused)
+      if constexpr (STORAGE == RowStorage::kStaged) {
+        v.shift_v = shift_row_stride != 0 ? *stage(buffer, 5, k) : shift_row[i];
+      } else {
+        v.shift_v = shift_row[i];
+      }
+      // only the outputs read it: not held (the sums leave it unused)
+      if constexpr (STORAGE == RowStorage::kStaged) {
+        v.grad_residual_out_v = *stage(buffer, 6, k);
+      } else {
+        v.grad_residual_out_v = grad_residual_out_row[i];
+      }
       if constexpr (COLUMNS_IN_REGISTERS) {
       } else {  // the same columns every row: L1 hits
       }
@@ -497,6 +563,16 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
         scale_regs[k] = scale_row[i];
         grad_out_regs[k] = grad_out_row[i];
         if (gate != nullptr) gate_regs[k] = gate_row[i];
+      });
+    } else if constexpr (STORAGE == RowStorage::kStaged) {  // the next row's copies, then this row's from its buffer
+      stage_row(first + stride, buffer ^ 1);  // the other buffer: read into registers by the previous row, and used
+      __pipeline_wait_prior(1);               // every copy but the group just issued has landed
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
+        x_regs[k] = *stage(buffer, 0, k);
+        h_regs[k] = *stage(buffer, 1, k);
+        scale_regs[k] = scale_row_stride != 0 ? *stage(buffer, 2, k) : scale_row[i];
+        grad_out_regs[k] = *stage(buffer, 3, k);
+        if (gate != nullptr) gate_regs[k] = gate_row_stride != 0 ? *stage(buffer, 4, k) : gate_row[i];
       });
     }
 
@@ -601,21 +677,21 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
       if (grad_scale_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE == RowStorage::kRegisters) grad_scale_sums[k][j] += grad_scale_f[j];
+          if constexpr (STORAGE != RowStorage::kGlobal) grad_scale_sums[k][j] += grad_scale_f[j];
           else grad_scale_slot[i * ELEMS + j] += grad_scale_f[j];
         }
       }
       if (grad_shift_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE == RowStorage::kRegisters) grad_shift_sums[k][j] += grad_shift_f[j];
+          if constexpr (STORAGE != RowStorage::kGlobal) grad_shift_sums[k][j] += grad_shift_f[j];
           else grad_shift_slot[i * ELEMS + j] += grad_shift_f[j];
         }
       }
       if (grad_gate_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE == RowStorage::kRegisters) grad_gate_sums[k][j] += grad_gate_f[j];
+          if constexpr (STORAGE != RowStorage::kGlobal) grad_gate_sums[k][j] += grad_gate_f[j];
           else grad_gate_slot[i * ELEMS + j] += grad_gate_f[j];
         }
       }
@@ -624,7 +700,7 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
     if constexpr (THREADS_PER_ROW > kWarpSize) __syncthreads();
   }
 
-  if constexpr (STORAGE == RowStorage::kRegisters) {  // the slot's partial rows
+  if constexpr (STORAGE != RowStorage::kGlobal) {  // the slot's partial rows
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
       if (grad_scale_slot != nullptr) {
 #pragma unroll
@@ -687,8 +763,14 @@ cudaError_t launch_config(const ResidualAdalnLayernormBackwardArgs& args, const 
     partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
     if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
   }
-  residual_adaln_layernorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>
-      <<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.h), args.h_row_stride, static_cast<const T*>(args.scale), args.scale_row_stride, args.scale_outer_stride, static_cast<const T*>(args.shift), args.shift_row_stride, args.shift_outer_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.gate), args.gate_row_stride, args.gate_outer_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, static_cast<T*>(args.grad_h), args.grad_h_row_stride, static_cast<T*>(args.grad_scale), args.grad_scale_row_stride, static_cast<T*>(args.grad_shift), args.grad_shift_row_stride, static_cast<T*>(args.grad_gate), args.grad_gate_row_stride, partials[0], partials[1], partials[2], args.rows, args.hidden, args.inner, batches, params);
+  auto* const kernel = &residual_adaln_layernorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
+  // kStaged: two buffers of every row input's accesses per thread
+  constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * sizeof(Pack<T, ELEMS>) : 0;
+  if constexpr (kStagedBytes > kDefaultSharedBytes) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.h), args.h_row_stride, static_cast<const T*>(args.scale), args.scale_row_stride, args.scale_outer_stride, static_cast<const T*>(args.shift), args.shift_row_stride, args.shift_outer_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.gate), args.gate_row_stride, args.gate_outer_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, static_cast<T*>(args.grad_h), args.grad_h_row_stride, static_cast<T*>(args.grad_scale), args.grad_scale_row_stride, static_cast<T*>(args.grad_shift), args.grad_shift_row_stride, static_cast<T*>(args.grad_gate), args.grad_gate_row_stride, partials[0], partials[1], partials[2], args.rows, args.hidden, args.inner, batches, params);
   cudaError_t err = cudaGetLastError();
   for (int c = 0; c < kSummedOutputs && err == cudaSuccess; ++c) {
     if (outs[c] == nullptr) continue;
@@ -708,18 +790,18 @@ cudaError_t launch_float32(const ResidualAdalnLayernormBackwardArgs& args, const
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.h_row_stride % kVector == 0 && aligned(args.h, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, kAccessBytes) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.gate_row_stride % kVector == 0 && args.gate_outer_stride % kVector == 0 && aligned(args.gate, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_h_row_stride % kVector == 0 && aligned(args.grad_h, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, kAccessBytes) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, kAccessBytes) && args.grad_gate_row_stride % kVector == 0 && aligned(args.grad_gate, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
-  if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  if (row_bytes <= 8192) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kStaged, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
 }
 
@@ -731,11 +813,11 @@ cudaError_t launch_float16(const ResidualAdalnLayernormBackwardArgs& args, const
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.h_row_stride % kVector == 0 && aligned(args.h, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, kAccessBytes) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.gate_row_stride % kVector == 0 && args.gate_outer_stride % kVector == 0 && aligned(args.gate, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_h_row_stride % kVector == 0 && aligned(args.grad_h, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, kAccessBytes) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, kAccessBytes) && args.grad_gate_row_stride % kVector == 0 && aligned(args.grad_gate, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -754,11 +836,11 @@ cudaError_t launch_bfloat16(const ResidualAdalnLayernormBackwardArgs& args, cons
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.h_row_stride % kVector == 0 && aligned(args.h, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, kAccessBytes) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.gate_row_stride % kVector == 0 && args.gate_outer_stride % kVector == 0 && aligned(args.gate, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_h_row_stride % kVector == 0 && aligned(args.grad_h, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, kAccessBytes) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, kAccessBytes) && args.grad_gate_row_stride % kVector == 0 && aligned(args.grad_gate, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);

@@ -119,6 +119,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -183,6 +184,8 @@ constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 1024;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(40) * kResidentPerSm;  // the partition: × profile sm_count
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
+constexpr int kStagedInputs = 2;  // kStaged: every row input (the held ones, then those only the outputs read)
 constexpr int kSummedOutputs = 1;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
 constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
@@ -295,13 +298,16 @@ __device__ __forceinline__ float row_reduce_sum(float v, float* scratch) {
   return v;
 }
 
-enum class RowStorage { kRegisters, kGlobal };
+// Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
+// memory, where the slot's next row is copied asynchronously while this one is reduced (staged); or global
+// memory, re-read by every pass.
+enum class RowStorage { kRegisters, kStaged, kGlobal };
 
 // Calls f(k, i) for this thread's accesses i = lane + k * THREADS_PER_ROW of a row of `count` accesses.
 // With register storage the loop is fully unrolled so k indexes a register array.
 template <int THREADS_PER_ROW, int MAX_ACCESSES, RowStorage STORAGE, typename F>
 __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) {
-  if constexpr (STORAGE == RowStorage::kRegisters) {
+  if constexpr (STORAGE != RowStorage::kGlobal) {
 #pragma unroll
     for (int k = 0; k < MAX_ACCESSES; ++k) {
       const int64_t i = lane + int64_t(k) * THREADS_PER_ROW;
@@ -330,7 +336,7 @@ __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
 rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
-  constexpr int kCached = STORAGE == RowStorage::kRegisters ? MAX_ACCESSES : 1;
+  constexpr int kCached = STORAGE != RowStorage::kGlobal ? MAX_ACCESSES : 1;
   constexpr int kColumnsCached = COLUMNS_IN_REGISTERS ? kCached : 1;
   __shared__ float scratch[2][ceil_div(kBlock, kWarpSize)];
 
@@ -355,16 +361,41 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
   }
 
   const int64_t batch_blocks = gridDim.x, batch_rows = rows, base = 0, part = blockIdx.x;  // one batch: every row
+  auto x_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(x + row * x_row_stride);
+  };
+  auto grad_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+  };
+  const int64_t stride = batch_blocks * ROWS_PER_BLOCK;  // rows between a slot's consecutive rows
+  // kStaged: the row inputs of the slot's row at `first`, copied (cp.async) into this thread's own slots of
+  // shared-memory buffer `buffer`; a thread reads back only what it copied, so no barrier is needed.
+  extern __shared__ __align__(16) unsigned char staged_rows[];
+  auto stage = [&](int buffer, int input, int k) {
+    return reinterpret_cast<Access*>(staged_rows) + ((buffer * kStagedInputs + input) * kCached + k) * kBlock + threadIdx.x;
+  };
+  auto stage_row = [&](int64_t first, int buffer) {
+    if (first + slot < batch_rows) {
+      const int64_t row = base + first + slot;
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
+        __pipeline_memcpy_async(stage(buffer, 0, k), x_row_at(row) + i, sizeof(Access));
+        __pipeline_memcpy_async(stage(buffer, 1, k), grad_out_row_at(row) + i, sizeof(Access));
+      });
+    }
+    __pipeline_commit();
+  };
+  if constexpr (STORAGE == RowStorage::kStaged) stage_row(part * ROWS_PER_BLOCK, 0);
+  int buffer = 0;  // kStaged: the buffer holding this iteration's row
   // Every block runs the same number of iterations, so the row reductions' barriers line up.
-  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += batch_blocks * ROWS_PER_BLOCK) {
+  for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += stride, buffer ^= 1) {
     const int64_t row = base + first + slot;
     const int64_t count = first + slot < batch_rows ? accesses : 0;  // a slot past the last row touches no memory
-    const Access* x_row = reinterpret_cast<const Access*>(x + row * x_row_stride);
+    const Access* x_row = x_row_at(row);
     Access x_regs[kCached] = {};
-    const Access* grad_out_row = reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+    const Access* grad_out_row = grad_out_row_at(row);
     Access grad_out_regs[kCached] = {};
     Access* grad_x_row = reinterpret_cast<Access*>(grad_x + row * grad_x_row_stride);
-    // The inputs at access k (index i): from registers, or from global memory.
+    // The inputs at access k (index i): from registers (held or staged), or from global memory.
     struct Values {
       Access x_v;
       Access grad_out_v;
@@ -372,7 +403,7 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
     };
     auto fetch = [&](int k, int64_t i) -> Values {
       Values v{};
-      if constexpr (STORAGE == RowStorage::kRegisters) {
+      if constexpr (STORAGE != RowStorage::kGlobal) {
         v.x_v = x_regs[k];
         v.grad_out_v = grad_out_regs[k];
       } else {
@@ -391,6 +422,13 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         x_regs[k] = x_row[i];
         grad_out_regs[k] = grad_out_row[i];
+      });
+    } else if constexpr (STORAGE == RowStorage::kStaged) {  // the next row's copies, then this row's from its buffer
+      stage_row(first + stride, buffer ^ 1);  // the other buffer: read into registers by the previous row, and used
+      __pipeline_wait_prior(1);               // every copy but the group just issued has landed
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
+        x_regs[k] = *stage(buffer, 0, k);
+        grad_out_regs[k] = *stage(buffer, 1, k);
       });
     }
 
@@ -440,7 +478,7 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
       if (grad_weight_slot != nullptr) {
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE == RowStorage::kRegisters) grad_weight_sums[k][j] += grad_weight_f[j];
+          if constexpr (STORAGE != RowStorage::kGlobal) grad_weight_sums[k][j] += grad_weight_f[j];
           else grad_weight_slot[i * ELEMS + j] += grad_weight_f[j];
         }
       }
@@ -449,7 +487,7 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
     if constexpr (THREADS_PER_ROW > kWarpSize) __syncthreads();
   }
 
-  if constexpr (STORAGE == RowStorage::kRegisters) {  // the slot's partial rows
+  if constexpr (STORAGE != RowStorage::kGlobal) {  // the slot's partial rows
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
       if (grad_weight_slot != nullptr) {
 #pragma unroll
@@ -495,8 +533,14 @@ cudaError_t launch_config(const RmsnormBackwardArgs& args, const Params& params,
     partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
     if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
   }
-  rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>
-      <<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params);
+  auto* const kernel = &rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
+  // kStaged: two buffers of every row input's accesses per thread
+  constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * sizeof(Pack<T, ELEMS>) : 0;
+  if constexpr (kStagedBytes > kDefaultSharedBytes) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params);
   cudaError_t err = cudaGetLastError();
   for (int c = 0; c < kSummedOutputs && err == cudaSuccess; ++c) {
     if (outs[c] == nullptr) continue;
