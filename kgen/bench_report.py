@@ -95,6 +95,30 @@ def us(times: dict, name: str) -> str:
     return f"{times[name]:.1f}" if name in times else "-"
 
 
+def _times_table(rows: list[dict], key: str, title: str, extra=None) -> list[str]:
+    """A second table of the rows' times under ``key`` (with its ``<key prefix>_best_peer_over_kgen``), and an
+    optional (header, row -> cell) column before the ratio."""
+    names = implementations(rows, key)
+    ratio_key = key.removesuffix("_us") + "_best_peer_over_kgen"
+    header = " | ".join(f"{n} µs" for n in names) + (f" | {extra[0]}" if extra else "")
+    lines = [
+        "",
+        title,
+        "",
+        f"| shape | {header} | best peer / kgen |",
+        "|---" * (len(names) + 2 + bool(extra)) + "|",
+    ]
+    for r in rows:
+        ratio = r[ratio_key]
+        lines.append(
+            f"| {r['label']} | "
+            + " | ".join(us(r[key], n) for n in names)
+            + (f" | {extra[1](r)}" if extra else "")
+            + f" | {f'{ratio:.2f}' if ratio else '-'} |"
+        )
+    return lines
+
+
 def markdown(result: dict) -> str:
     names = implementations(result["rows"])
     lines = [
@@ -119,20 +143,14 @@ def markdown(result: dict) -> str:
             f"{ratio} "
             f"| {missed(r)} |"
         )
+    if "gpu_us" in result["rows"][0]:
+        lines += _times_table(
+            result["rows"],
+            "gpu_us",
+            "Backward alone, GPU time (the kernels' durations under torch.profiler, L2 flushed, mean of 30 "
+            "calls: no host time between launches):",
+            ("kgen % of same-size copy", lambda r: f"{r['kgen_gpu_pct_same_copy']:.0f}"),
+        )
     if "fwd_bwd_us" in result["rows"][0]:
-        both = implementations(result["rows"], "fwd_bwd_us")
-        lines += [
-            "",
-            "Forward + backward:",
-            "",
-            "| shape | " + " | ".join(f"{n} µs" for n in both) + " | best peer / kgen |",
-        ]
-        lines.append("|---" * (len(both) + 2) + "|")
-        for r in result["rows"]:
-            ratio = r["fwd_bwd_best_peer_over_kgen"]
-            lines.append(
-                f"| {r['label']} | "
-                + " | ".join(us(r["fwd_bwd_us"], n) for n in both)
-                + f" | {f'{ratio:.2f}' if ratio else '-'} |"
-            )
+        lines += _times_table(result["rows"], "fwd_bwd_us", "Forward + backward:")
     return "\n".join(lines) + "\n"

@@ -461,3 +461,20 @@ def test_layers_say_they_have_a_backward(libraries):
     for op in OPS:
         for layer in load_spec(op).layers:
             assert getattr(libraries[op].layers, layer.name).has_backward is True
+
+
+def test_bench_gpu_time_counts_the_call_not_the_flush_nor_the_host():
+    """`kgen bench --backward`'s GPU time: the kernels of the call alone. The 256 MB uint8 flush before each
+    call is left out, and so is host time: a call that sleeps 1 ms between its two launches costs the GPU
+    time of two launches."""
+    import time
+
+    from kgen.bench import Timer
+
+    timer = Timer(torch, 20)
+    x = torch.ones(16 << 20, device="cuda")  # 64 MB, read and written: a quarter of the flush's bytes
+    one = timer.gpu_us(lambda: x.mul_(1.0))
+    flush = timer.median_us(lambda: timer.flush.zero_())
+    assert 0 < one < 0.75 * flush, (one, flush)
+    two = timer.gpu_us(lambda: (x.mul_(1.0), time.sleep(1e-3), x.mul_(1.0)))
+    assert 1.5 * one < two < 3 * one, (one, two)

@@ -13,7 +13,7 @@ import kgen.catalog
 import kgen.cli
 import kgen.tune
 from kgen.bench import bars
-from kgen.bench_report import summary
+from kgen.bench_report import markdown, summary
 from kgen.builder import render_target
 from kgen.catalog import load_profile, load_spec, load_tuning
 from kgen.cli import app
@@ -205,6 +205,37 @@ def test_summary_counts_the_shapes_that_meet_every_bar():
     assert "Every bar met at 1 of 2 shapes." in text
     assert "| rmsnorm | s | 100.0 | 50.0 | 49.0 (c) | 0.98 |" in text
     assert "<= best peer; >= 95 % of same-size copy |" in text
+
+
+def test_a_backward_report_has_its_gpu_time_beside_the_event_time():
+    """Event timing of a backward carries the autograd engine's host time; the report adds each
+    implementation's GPU time and kgen's share of a same-size copy measured by it."""
+    r = row(46.3, {"F.rms_norm": 24.0}, 1.6, 5.0) | {
+        "kgen_gbs": 34.6,
+        "gpu_us": {"kgen": 7.8, "F.rms_norm": 12.5},
+        "gpu_best_peer_over_kgen": 12.5 / 7.8,
+        "kgen_gpu_pct_same_copy": 100 * 5.0 / 7.8,
+        "fwd_bwd_us": {"kgen": 60.0, "F.rms_norm": 70.0},
+        "fwd_bwd_best_peer_over_kgen": 70.0 / 60.0,
+    }
+    r["bars"] = bars(r, 4.2, None, None, backward=True)
+    text = markdown(
+        {
+            "op": "rmsnorm",
+            "dtype": "bfloat16",
+            "device": "H200",
+            "arch": "sm_90",
+            "torch": "2.11",
+            "date": "2026-12-02",
+            "repeats": 50,
+            "large_copy_us": 1010.0,
+            "large_copy_gbs": 4250.0,
+            "rows": [r],
+        }
+    )
+    assert "| s | 1.6 | 46.3 | 24.0 |" in text  # event time (MB, then µs): the peer ahead
+    assert "| s | 7.8 | 12.5 | 64 | 1.60 |" in text  # GPU time: kgen ahead, 64 % of the copy
+    assert text.index("GPU time") < text.index("Forward + backward")
 
 
 def test_a_kept_rule_says_why_a_faster_candidate_lost():
