@@ -13,11 +13,15 @@ def missed(row: dict) -> str:
 
 
 def summary(results: list[dict]) -> str:
-    """One line per op and shape over every op benchmarked: what `kgen bench --all` writes."""
+    """One line per op and shape over every op benchmarked: what `kgen bench --all` writes (a backward's with
+    kgen's GPU time and its ratio to the best peer's, beside the event times)."""
+    gpu = all("gpu_us" in r for result in results for r in result["rows"])
     lines = [
         "| op | shape | MB moved | kgen µs | best peer µs | best peer / kgen | % of 4 GiB copy "
-        "| % of same-size copy | bars missed |",
-        "|---" * 9 + "|",
+        "| % of same-size copy | "
+        + ("kgen GPU µs | best peer / kgen (GPU) | " if gpu else "")
+        + "bars missed |",
+        "|---" * (9 + 2 * gpu) + "|",
     ]
     met = total = 0
     for result in results:
@@ -31,7 +35,9 @@ def summary(results: list[dict]) -> str:
                 f"| "
                 + (f"{peers[best]:.1f} ({best})" if best else "-")
                 + f" | {r['best_peer_over_kgen'] or 0:.2f} | {r['kgen_pct_large_copy']:.0f} | "
-                f"{r['kgen_pct_same_copy']:.0f} | {missed(r)} |"
+                f"{r['kgen_pct_same_copy']:.0f} | "
+                + (f"{r['gpu_us']['kgen']:.1f} | {r['gpu_best_peer_over_kgen'] or 0:.2f} | " if gpu else "")
+                + f"{missed(r)} |"
             )
     first = results[0]
     head = (

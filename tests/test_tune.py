@@ -236,6 +236,20 @@ def test_a_backward_report_has_its_gpu_time_beside_the_event_time():
     assert "| s | 1.6 | 46.3 | 24.0 |" in text  # event time (MB, then µs): the peer ahead
     assert "| s | 7.8 | 12.5 | 64 | 1.60 |" in text  # GPU time: kgen ahead, 64 % of the copy
     assert text.index("GPU time") < text.index("Forward + backward")
+    result = {
+        "op": "rmsnorm",
+        "dtype": "bfloat16",
+        "device": "H200",
+        "arch": "sm_90",
+        "torch": "2.11",
+        "date": "2026-12-02",
+        "mode": "events",
+        "rounds": 1,
+        "repeats": 50,
+        "rows": [r],
+    }
+    line = next(x for x in summary([result]).splitlines() if x.startswith("| rmsnorm"))
+    assert line.endswith("| 0.52 | 1 | 11 | 7.8 | 1.60 | <= best peer |"), line  # event bars, GPU ratio
 
 
 def test_a_kept_rule_says_why_a_faster_candidate_lost():
