@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple
 
 from ..builder import build_op, device_arch, load
 from ..errors import KgenError
+from . import flux
 
 OPS = (
     "adaln_rmsnorm",
@@ -69,7 +70,13 @@ def patch(
     """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it
     finds); returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not
     know. A patched block returns a `Pending` residual add for the next block or norm_out: call the model,
-    not a block. The patched model trains too (every op's backward is derived from its spec)."""
+    not a block. The patched model trains too (every op's backward is derived from its spec). A
+    FluxTransformer2DModel is patched by `kgen.integrations.flux`."""
+    if type(model).__name__ == flux.MODEL:
+        flux.check(model)
+        return flux.apply(
+            model, {op: load(build_op(op, arch or device_arch(), root, step)) for op in flux.OPS}
+        )
     _check(model)
     kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in OPS}
     model.rope.forward = MethodType(_latent_grid, model.rope)
@@ -108,7 +115,8 @@ def _check(model) -> None:
     name = type(model).__name__
     if name != "LTXVideoTransformer3DModel":
         raise KgenError(
-            f"kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel, not {name}"
+            "kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel and "
+            f"{flux.MODEL}, not {name}"
         )
     if any(hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook") for m in model.modules()):
         raise KgenError(

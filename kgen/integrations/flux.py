@@ -1,0 +1,208 @@
+"""Runs a diffusers Flux.1 transformer (`FluxTransformer2DModel`) on kgen's kernels: what
+`kgen.integrations.diffusers.patch` does to one (it checks the model, builds and loads OPS, then applies).
+
+Double blocks, both streams: norm1 / norm1_context (AdaLayerNormZero: LayerNorm without affine, then the
+modulation from the timestep embedding's chunks) -> adaln_layernorm; the attention's gated residual add, norm2
+and its modulation -> residual_adaln_layernorm (one pass over the residual stream); the feed-forwards'
+GELU(approximate="tanh") -> gelu_tanh. Single blocks: norm (AdaLayerNormZeroSingle) -> adaln_layernorm,
+act_mlp -> gelu_tanh. Every attention's norm_q, norm_k, norm_added_q, norm_added_k (torch.nn.RMSNorm over
+head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Numerics: diffusers' own roundings
+(the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norms).
+
+Not served yet: the rotary embedding (FluxPosEmbed's fp32 tables, applied by diffusers' apply_rotary_emb) and
+the residual adds that end each block (`+ gate · ff`, one add in the dtype each), which the next block's norm
+could take, as the LTX-Video patch does."""
+
+from __future__ import annotations
+
+import functools
+from types import MethodType
+
+from ..errors import KgenError
+
+OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh")
+MODEL = "FluxTransformer2DModel"
+QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+DOUBLE = {
+    "": "FluxTransformerBlock",
+    "norm1": "AdaLayerNormZero",
+    "norm1_context": "AdaLayerNormZero",
+    "norm1.norm": "LayerNorm",
+    "norm1_context.norm": "LayerNorm",
+    "norm2": "LayerNorm",
+    "norm2_context": "LayerNorm",
+    "attn": "FluxAttention",
+    "attn.processor": "FluxAttnProcessor",
+    **{f"attn.{n}": "RMSNorm" for n in QK_NORMS},
+    "ff.net.0": "GELU",
+    "ff_context.net.0": "GELU",
+}
+SINGLE = {
+    "": "FluxSingleTransformerBlock",
+    "norm": "AdaLayerNormZeroSingle",
+    "norm.norm": "LayerNorm",
+    "act_mlp": "GELU",
+    "attn": "FluxAttention",
+    "attn.processor": "FluxAttnProcessor",
+    "attn.norm_q": "RMSNorm",
+    "attn.norm_k": "RMSNorm",
+}
+
+
+def apply(model, kernels: dict) -> dict[str, int]:
+    """Patches a FluxTransformer2DModel that `check` accepted, in place, with ``kernels`` (OPS' loaded
+    libraries); returns how many modules of each kind now run on kgen's kernels."""
+    adaln = kernels["adaln_layernorm"].adaln_layernorm
+    done = {"double_blocks": 0, "single_blocks": 0, "adaln_norms": 0, "qk_norms": 0, "gelu_tanh": 0}
+    for block in model.transformer_blocks:
+        block.forward = MethodType(_double_forward(kernels["residual_adaln_layernorm"]), block)
+        for norm in (block.norm1, block.norm1_context):
+            norm.forward = MethodType(_zero_forward(adaln), norm)
+        for ff in (block.ff, block.ff_context):
+            ff.net[0].forward = MethodType(_gelu_forward(kernels["gelu_tanh"], project=True), ff.net[0])
+        done["double_blocks"] += 1
+        done["adaln_norms"] += 2
+        done["gelu_tanh"] += 2
+    for block in model.single_transformer_blocks:
+        block.norm.forward = MethodType(_zero_forward(adaln), block.norm)
+        block.act_mlp.forward = MethodType(_gelu_forward(kernels["gelu_tanh"], project=False), block.act_mlp)
+        done["single_blocks"] += 1
+        done["adaln_norms"] += 1
+        done["gelu_tanh"] += 1
+    for attn in (m for m in model.modules() if type(m).__name__ == "FluxAttention"):
+        for name in QK_NORMS:
+            if (norm := getattr(attn, name, None)) is not None:
+                norm.forward = MethodType(_rms_forward(kernels["rmsnorm"].rmsnorm), norm)
+                done["qk_norms"] += 1
+    model.norm_out.forward = MethodType(_continuous_forward(adaln), model.norm_out)
+    done["adaln_norms"] += 1
+    return done
+
+
+def check(model) -> None:
+    """Refuses a model whose structure differs from what `apply` serves, before anything changes."""
+    if any(hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook") for m in model.modules()):
+        raise KgenError(
+            f"{MODEL}: patch it before enable_model_cpu_offload (or any accelerate or diffusers hook: "
+            "offloading, caching), whose hooks wrap the forwards the patch replaces"
+        )
+    found = type(model.norm_out).__name__, type(getattr(model.norm_out, "norm", None)).__name__
+    if found != ("AdaLayerNormContinuous", "LayerNorm"):
+        raise KgenError(
+            f"{MODEL}.norm_out: a {found[0]} of a {found[1]}, not an AdaLayerNormContinuous of a LayerNorm"
+        )
+    blocks = [(f"transformer_blocks.{i}", b, DOUBLE) for i, b in enumerate(model.transformer_blocks)]
+    blocks += [
+        (f"single_transformer_blocks.{i}", b, SINGLE) for i, b in enumerate(model.single_transformer_blocks)
+    ]
+    norms = [("norm_out.norm", model.norm_out.norm)]
+    for where, block, structure in blocks:
+        for path, wanted in structure.items():
+            module = functools.reduce(getattr, path.split(".") if path else [], block)
+            if type(module).__name__ != wanted:
+                raise KgenError(
+                    f"{MODEL}.{where}{'.' * bool(path)}{path}: a {type(module).__name__}, not a {wanted}"
+                )
+            if wanted == "LayerNorm":
+                norms.append((f"{where}.{path}", module))
+            if wanted == "GELU" and module.approximate != "tanh":
+                raise KgenError(
+                    f"{MODEL}.{where}.{path}: GELU(approximate={module.approximate!r}), not 'tanh'"
+                )
+        for path in ("norm1", "norm1_context"):
+            if getattr(block, path, None) is not None and getattr(block, path).emb is not None:
+                raise KgenError(
+                    f"{MODEL}.{where}.{path}: embeds class labels itself, which kgen's patch does not"
+                )
+    for where, norm in norms:
+        if norm.weight is not None or norm.bias is not None:
+            raise KgenError(f"{MODEL}.{where}: a LayerNorm with affine, which kgen's adaln ops do not apply")
+
+
+def _zero_forward(adaln):
+    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+        """AdaLayerNormZero(Single): the modulation's chunks from the embedding as diffusers computes them,
+        then LayerNorm and `* (1 + scale) + shift` in one pass; the other chunks returned for the block."""
+        chunks = self.linear(self.silu(emb)).chunk(self.linear.out_features // x.shape[-1], dim=1)
+        shift, scale, *rest = chunks
+        return adaln(x, scale[:, None], shift[:, None], self.norm.eps, convention="diffusers"), *rest
+
+    return forward
+
+
+def _continuous_forward(adaln):
+    def forward(self, x, conditioning_embedding):
+        """AdaLayerNormContinuous (norm_out): scale, then shift, from the embedding; LayerNorm and modulation
+        in one pass."""
+        scale, shift = self.linear(self.silu(conditioning_embedding).to(x.dtype)).chunk(2, dim=1)
+        return adaln(x, scale[:, None], shift[:, None], self.norm.eps, convention="diffusers")
+
+    return forward
+
+
+def _double_forward(kernel):
+    residual_adaln = kernel.residual_adaln_layernorm
+
+    def forward(
+        self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None
+    ):
+        """FluxTransformerBlock's dataflow in diffusers' roundings; each stream's gated residual add after the
+        attention fused with norm2 and its modulation."""
+        import torch
+
+        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+        normed_context, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+            encoder_hidden_states, emb=temb
+        )
+        attended, attended_context = self.attn(
+            hidden_states=normed,
+            encoder_hidden_states=normed_context,
+            image_rotary_emb=image_rotary_emb,
+            **(joint_attention_kwargs or {}),
+        )
+        normed, hidden_states = residual_adaln(
+            hidden_states,
+            attended,
+            scale_mlp[:, None],
+            shift_mlp[:, None],
+            gate_msa[:, None],
+            self.norm2.eps,
+            convention="diffusers",
+        )
+        hidden_states = hidden_states + gate_mlp.unsqueeze(1) * self.ff(normed)
+        normed_context, encoder_hidden_states = residual_adaln(
+            encoder_hidden_states,
+            attended_context,
+            c_scale_mlp[:, None],
+            c_shift_mlp[:, None],
+            c_gate_msa[:, None],
+            self.norm2_context.eps,
+            convention="diffusers",
+        )
+        encoder_hidden_states = encoder_hidden_states + c_gate_mlp.unsqueeze(1) * self.ff_context(
+            normed_context
+        )
+        if encoder_hidden_states.dtype == torch.float16:
+            encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+        return encoder_hidden_states, hidden_states
+
+    return forward
+
+
+def _rms_forward(rmsnorm):
+    def forward(self, x):
+        """torch.nn.RMSNorm's numerics (one rounding); its eps of None is the dtype's epsilon, as torch's."""
+        import torch
+
+        return rmsnorm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
+
+    return forward
+
+
+def _gelu_forward(kernel, project: bool):
+    """GELU(approximate="tanh"): diffusers' (a projection, then the activation) or torch's."""
+
+    def forward(self, hidden_states):
+        return kernel.gelu_tanh(self.proj(hidden_states) if project else hidden_states)
+
+    return forward
