@@ -14,6 +14,7 @@ pytest.importorskip("diffusers")
 
 from kgen.errors import KgenError  # noqa: E402
 from kgen.integrations import diffusers as kgen_diffusers  # noqa: E402
+from kgen.integrations import flux as kgen_flux  # noqa: E402
 from kgen.integrations import transformers as kgen_transformers
 from kgen.integrations.e2e import run_e2e, write  # noqa: E402
 
@@ -37,13 +38,23 @@ SMALL = {
         caption_channels=32,
         num_layers=2,
     ),
+    "flux": dict(
+        in_channels=16,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=(4, 6, 6),
+        num_layers=1,
+        num_single_layers=1,
+    ),
 }
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
-@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train"])
+@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux"])
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
-    calls = reference_kernels(kgen_transformers.OPS + kgen_diffusers.OPS)
+    calls = reference_kernels(kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS)
     before = calls.copy()
     result = run_e2e(
         target,
@@ -70,6 +81,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
             "ltx": ["LTX-Video forward, B=2, S=24 (2×3×4)"],
             "qwen3-train": ["Qwen3 training step, 2 layers, 2×32 tokens"],
             "ltx-train": ["LTX-Video training step, 2 blocks, B=2, S=24 (2×3×4)"],
+            "flux": ["Flux.1 forward, B=1, 9 image + 5 text tokens"],
         }[target]
     )
     for row in result["rows"]:

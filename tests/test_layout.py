@@ -101,7 +101,8 @@ ALLOWED = {
     "integrations.transformers": {"builder", "catalog", "errors"},
     "integrations.diffusers": {"builder", "errors", "integrations.flux"},
     "integrations.flux": {"errors"},
-    "integrations.workloads": {"integrations.diffusers", "integrations.transformers"},
+    "integrations.workloads": {"integrations.diffusion", "integrations.transformers"},
+    "integrations.diffusion": {"integrations.diffusers"},
     "integrations.e2e": {"errors", "integrations.workloads"},
 }
 
@@ -133,6 +134,7 @@ SIZES = {
     "integrations/flux.py": 240,
     "integrations/e2e.py": 200,
     "integrations/workloads.py": 180,
+    "integrations/diffusion.py": 120,
     "integrations/transformers.py": 130,
 }
 

@@ -6,6 +6,8 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
 - ltx-train: one training step (forward, a mean-squared error against a random target, backward; no
   optimizer) of the LTX-Video 2B config cut to 4 blocks at B = 2, S = 2688 (7×16×24); the kgen model patched
   as for inference (every op runs with its derived backward).
+- flux: the Flux.1-dev transformer forward (19 double and 38 single blocks, guidance embedding) at B = 1, a
+  1024×1024 image (64×64 = 4096 image tokens) and 512 text tokens.
 - qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
   after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
   its whole length, so every step costs the same).
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import copy
 
-from .diffusers import patch
+from .diffusion import flux, ltx, ltx_train
 from .transformers import kernelize
 
 QWEN3_8B = dict(
@@ -34,61 +36,6 @@ QWEN3_8B = dict(
     rms_norm_eps=1e-6,
     num_hidden_layers=36,
 )
-
-
-def ltx(torch, device, config, patch_kwargs, steps, log):  # steps: the decode budget, for qwen3
-    from diffusers import LTXVideoTransformer3DModel
-
-    with torch.device(device):
-        model = LTXVideoTransformer3DModel(**(config or {})).to(torch.bfloat16).eval()
-    kgen = copy.deepcopy(model)
-    patch(kgen, **patch_kwargs)
-    workloads = {}
-    for grid in [(7, 16, 24), (21, 16, 24)] if not config else [(2, 3, 4)]:
-        inputs = _ltx_inputs(torch, device, model, grid)
-        name = f"LTX-Video forward, B=2, S={grid[0] * grid[1] * grid[2]} ({'×'.join(map(str, grid))})"
-        workloads[name] = lambda m, inputs=inputs: m(**inputs)
-    return {"eager": model, "eager + kgen": kgen}, workloads
-
-
-def ltx_train(torch, device, config, patch_kwargs, steps, log):
-    from diffusers import LTXVideoTransformer3DModel
-
-    with torch.device(device):
-        model = LTXVideoTransformer3DModel(**(config or {"num_layers": 4})).to(torch.bfloat16).train()
-    kgen = copy.deepcopy(model)
-    patch(kgen, **patch_kwargs)
-    grid = (7, 16, 24) if not config else (2, 3, 4)
-    inputs = _ltx_inputs(torch, device, model, grid)
-    target = torch.randn(*inputs["hidden_states"].shape[:2], model.config.out_channels, device=device)
-
-    def step(m):
-        m.zero_grad(set_to_none=True)
-        torch.nn.functional.mse_loss(m(**inputs)[0].float(), target).backward()
-
-    tokens, blocks = grid[0] * grid[1] * grid[2], model.config.num_layers
-    name = f"LTX-Video training step, {blocks} blocks, B=2, S={tokens} ({'×'.join(map(str, grid))})"
-    return {"eager": model, "eager + kgen": kgen}, {name: step}
-
-
-def _ltx_inputs(torch, device, model, grid) -> dict:
-    """The transformer's arguments for B = 2 videos of ``grid`` latents and 128 caption tokens (bf16)."""
-    inputs = dict(
-        hidden_states=torch.randn(2, grid[0] * grid[1] * grid[2], model.config.in_channels),
-        encoder_hidden_states=torch.randn(2, 128, model.config.caption_channels),
-        timestep=torch.tensor([500, 500]),
-        encoder_attention_mask=torch.ones(2, 128),
-    )
-    inputs = {
-        k: v.to(device, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()
-    }
-    return inputs | dict(
-        num_frames=grid[0],
-        height=grid[1],
-        width=grid[2],
-        rope_interpolation_scale=(8 / 25, 32, 32),
-        return_dict=False,
-    )
 
 
 def qwen3(torch, device, config, kernelize_kwargs, steps, log):
@@ -169,5 +116,5 @@ def _liger_qwen3(model):
     return model
 
 
-BUILDERS = {"ltx": ltx, "ltx-train": ltx_train, "qwen3": qwen3, "qwen3-train": qwen3_train}
+BUILDERS = {"ltx": ltx, "ltx-train": ltx_train, "flux": flux, "qwen3": qwen3, "qwen3-train": qwen3_train}
 TRAINING = {"ltx-train", "qwen3-train"}

@@ -1,0 +1,91 @@
+"""The diffusion transformers `kgen bench --e2e` times (ltx, ltx-train, flux: described in
+kgen.integrations.workloads), each builder returning the untimed models ({variant: model}, the kgen one a
+deep copy of the eager one, patched) and the workloads ({name: fn(model)}). Random weights, bf16."""
+
+from __future__ import annotations
+
+import copy
+
+from .diffusers import patch
+
+
+def ltx(torch, device, config, patch_kwargs, steps, log):  # steps: the decode budget, for qwen3
+    from diffusers import LTXVideoTransformer3DModel
+
+    with torch.device(device):
+        model = LTXVideoTransformer3DModel(**(config or {})).to(torch.bfloat16).eval()
+    kgen = copy.deepcopy(model)
+    patch(kgen, **patch_kwargs)
+    workloads = {}
+    for grid in [(7, 16, 24), (21, 16, 24)] if not config else [(2, 3, 4)]:
+        inputs = _ltx_inputs(torch, device, model, grid)
+        name = f"LTX-Video forward, B=2, S={grid[0] * grid[1] * grid[2]} ({'×'.join(map(str, grid))})"
+        workloads[name] = lambda m, inputs=inputs: m(**inputs)
+    return {"eager": model, "eager + kgen": kgen}, workloads
+
+
+def ltx_train(torch, device, config, patch_kwargs, steps, log):
+    from diffusers import LTXVideoTransformer3DModel
+
+    with torch.device(device):
+        model = LTXVideoTransformer3DModel(**(config or {"num_layers": 4})).to(torch.bfloat16).train()
+    kgen = copy.deepcopy(model)
+    patch(kgen, **patch_kwargs)
+    grid = (7, 16, 24) if not config else (2, 3, 4)
+    inputs = _ltx_inputs(torch, device, model, grid)
+    target = torch.randn(*inputs["hidden_states"].shape[:2], model.config.out_channels, device=device)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(m(**inputs)[0].float(), target).backward()
+
+    tokens, blocks = grid[0] * grid[1] * grid[2], model.config.num_layers
+    name = f"LTX-Video training step, {blocks} blocks, B=2, S={tokens} ({'×'.join(map(str, grid))})"
+    return {"eager": model, "eager + kgen": kgen}, {name: step}
+
+
+def flux(torch, device, config, patch_kwargs, steps, log):
+    from diffusers import FluxTransformer2DModel
+
+    with torch.device(device):
+        model = FluxTransformer2DModel(**(config or {"guidance_embeds": True})).to(torch.bfloat16).eval()
+    kgen = copy.deepcopy(model)
+    patch(kgen, **patch_kwargs)
+    side, text = (64, 512) if not config else (3, 5)
+    cfg, tokens = model.config, side * side
+    image_ids = torch.zeros(tokens, 3, device=device)  # (0, row, column) per image token, as Flux pipelines
+    position = torch.arange(tokens, device=device)
+    image_ids[:, 1], image_ids[:, 2] = position // side, position % side
+    bf16 = dict(device=device, dtype=torch.bfloat16)
+    inputs = dict(
+        hidden_states=torch.randn(1, tokens, cfg.in_channels, **bf16),
+        encoder_hidden_states=torch.randn(1, text, cfg.joint_attention_dim, **bf16),
+        pooled_projections=torch.randn(1, cfg.pooled_projection_dim, **bf16),
+        timestep=torch.tensor([0.5], **bf16),
+        img_ids=image_ids,
+        txt_ids=torch.zeros(text, 3, device=device),
+        **({"guidance": torch.tensor([3.5], **bf16)} if cfg.guidance_embeds else {}),
+        return_dict=False,
+    )
+    name = f"Flux.1 forward, B=1, {tokens} image + {text} text tokens"
+    return {"eager": model, "eager + kgen": kgen}, {name: lambda m: m(**inputs)}
+
+
+def _ltx_inputs(torch, device, model, grid) -> dict:
+    """The transformer's arguments for B = 2 videos of ``grid`` latents and 128 caption tokens (bf16)."""
+    inputs = dict(
+        hidden_states=torch.randn(2, grid[0] * grid[1] * grid[2], model.config.in_channels),
+        encoder_hidden_states=torch.randn(2, 128, model.config.caption_channels),
+        timestep=torch.tensor([500, 500]),
+        encoder_attention_mask=torch.ones(2, 128),
+    )
+    inputs = {
+        k: v.to(device, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()
+    }
+    return inputs | dict(
+        num_frames=grid[0],
+        height=grid[1],
+        width=grid[2],
+        rope_interpolation_scale=(8 / 25, 32, 32),
+        return_dict=False,
+    )
