@@ -123,8 +123,12 @@ def reference_kernels(build_root):
                 def cpu(*args, name=name, convention=convention.name, reference=spec.reference):
                     calls[name] += 1
                     out = reference(*args, **({"convention": convention} if takes_convention else {}))
-                    cast = args[0].dtype
-                    return tuple(o.to(cast) for o in out) if isinstance(out, tuple) else out.to(cast)
+                    cast = args[0].dtype  # contiguous, as the bindings allocate their outputs
+                    return (
+                        tuple(o.to(cast).contiguous() for o in out)
+                        if isinstance(out, tuple)
+                        else out.to(cast).contiguous()
+                    )
 
                 library.impl(name, cpu, "CPU")
                 if (back := family_of(spec).backward(spec)) is not None:

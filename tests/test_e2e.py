@@ -95,6 +95,6 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
 
 
 def test_unknown_target_is_refused():
-    targets = r"\['ltx', 'ltx-train', 'qwen3', 'qwen3-train'\]"
+    targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train'\]"
     with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):
         run_e2e("llama", device="cpu")

@@ -34,7 +34,14 @@ SMALL = dict(
     axes_dims_rope=(4, 6, 6),
 )
 IMAGE, TEXT = (1024, 64) if GPU else (12, 5)
-SERVED = {"double_blocks": 2, "single_blocks": 2, "adaln_norms": 7, "qk_norms": 12, "gelu_tanh": 6}
+SERVED = {
+    "double_blocks": 2,
+    "single_blocks": 2,
+    "attentions": 4,
+    "adaln_norms": 7,
+    "qk_norms": 12,
+    "gelu_tanh": 6,
+}
 pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
 
 
@@ -86,8 +93,10 @@ def ran_since(calls, before) -> dict:
 
 # per forward: norm1 and norm1_context of each double block, each single block's norm, norm_out; each
 # double block's two gated residual adds with norm2 / norm2_context; q, k, added q and added k norms per
-# double block, q and k per single block; the feed-forwards' GELU per double block, act_mlp per single block
+# double block, q and k per single block; the feed-forwards' GELU per double block, act_mlp per single block;
+# the rotation of q and of k in every attention
 FORWARD = {
+    "rope_apply": 8,
     "adaln_layernorm_diffusers": 7,
     "residual_adaln_layernorm_diffusers": 4,
     "rmsnorm": 12,

@@ -9,9 +9,10 @@ act_mlp -> gelu_tanh. Every attention's norm_q, norm_k, norm_added_q, norm_added
 head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Numerics: diffusers' own roundings
 (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norms).
 
-Not served yet: the rotary embedding (FluxPosEmbed's fp32 tables, applied by diffusers' apply_rotary_emb) and
-the residual adds that end each block (`+ gate · ff`, one add in the dtype each), which the next block's norm
-could take, as the LTX-Video patch does."""
+In every attention the rotary embedding -> rope_apply, on FluxPosEmbed's fp32 tables (one launch each for q
+and k, over [B, H, S, D] views of the [B, S, H, D] heads). Not served yet: the angles computed in the kernel
+from the ids (the tables stay), and the residual adds that end each block (`+ gate · ff`, one add in the
+dtype each), which the next block's norm could take, as the LTX-Video patch does."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from types import MethodType
 
 from ..errors import KgenError
 
-OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh")
+OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh", "rope_apply")
 MODEL = "FluxTransformer2DModel"
 QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+PROCESSORS = ("FluxAttnProcessor", "_Attention")  # diffusers', or this module's from an earlier patch
 DOUBLE = {
     "": "FluxTransformerBlock",
     "norm1": "AdaLayerNormZero",
@@ -32,7 +34,7 @@ DOUBLE = {
     "norm2": "LayerNorm",
     "norm2_context": "LayerNorm",
     "attn": "FluxAttention",
-    "attn.processor": "FluxAttnProcessor",
+    "attn.processor": PROCESSORS,
     **{f"attn.{n}": "RMSNorm" for n in QK_NORMS},
     "ff.net.0": "GELU",
     "ff_context.net.0": "GELU",
@@ -43,7 +45,7 @@ SINGLE = {
     "norm.norm": "LayerNorm",
     "act_mlp": "GELU",
     "attn": "FluxAttention",
-    "attn.processor": "FluxAttnProcessor",
+    "attn.processor": PROCESSORS,
     "attn.norm_q": "RMSNorm",
     "attn.norm_k": "RMSNorm",
 }
@@ -53,7 +55,14 @@ def apply(model, kernels: dict) -> dict[str, int]:
     """Patches a FluxTransformer2DModel that `check` accepted, in place, with ``kernels`` (OPS' loaded
     libraries); returns how many modules of each kind now run on kgen's kernels."""
     adaln = kernels["adaln_layernorm"].adaln_layernorm
-    done = {"double_blocks": 0, "single_blocks": 0, "adaln_norms": 0, "qk_norms": 0, "gelu_tanh": 0}
+    done = {
+        "double_blocks": 0,
+        "single_blocks": 0,
+        "attentions": 0,
+        "adaln_norms": 0,
+        "qk_norms": 0,
+        "gelu_tanh": 0,
+    }
     for block in model.transformer_blocks:
         block.forward = MethodType(_double_forward(kernels["residual_adaln_layernorm"]), block)
         for norm in (block.norm1, block.norm1_context):
@@ -70,6 +79,8 @@ def apply(model, kernels: dict) -> dict[str, int]:
         done["adaln_norms"] += 1
         done["gelu_tanh"] += 1
     for attn in (m for m in model.modules() if type(m).__name__ == "FluxAttention"):
+        attn.set_processor(_Attention(kernels["rope_apply"].rope_apply, attn.processor))
+        done["attentions"] += 1
         for name in QK_NORMS:
             if (norm := getattr(attn, name, None)) is not None:
                 norm.forward = MethodType(_rms_forward(kernels["rmsnorm"].rmsnorm), norm)
@@ -99,7 +110,8 @@ def check(model) -> None:
     for where, block, structure in blocks:
         for path, wanted in structure.items():
             module = functools.reduce(getattr, path.split(".") if path else [], block)
-            if type(module).__name__ != wanted:
+            if type(module).__name__ not in (wanted if isinstance(wanted, tuple) else (wanted,)):
+                wanted = wanted if isinstance(wanted, str) else wanted[0]
                 raise KgenError(
                     f"{MODEL}.{where}{'.' * bool(path)}{path}: a {type(module).__name__}, not a {wanted}"
                 )
@@ -206,3 +218,47 @@ def _gelu_forward(kernel, project: bool):
         return kernel.gelu_tanh(self.proj(hidden_states) if project else hidden_states)
 
     return forward
+
+
+class _Attention:
+    """A Flux attention processor: diffusers' dataflow (projections, q/k norms, the text stream's own
+    projections and norms put before the image's, rotary on both, attention dispatch, output projections) with
+    the rotation by kgen's rope_apply on the model's fp32 tables, q and k seen as [B, H, S, D] views."""
+
+    def __init__(self, rope, original):
+        self.rope = rope
+        self._attention_backend = getattr(original, "_attention_backend", None)
+        self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def __call__(
+        self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None
+    ):
+        import torch
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+        def heads(t):
+            return t.unflatten(-1, (-1, attn.head_dim))
+
+        q, k, v, text_q, text_k, text_v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        q, k, v = attn.norm_q(heads(q)), attn.norm_k(heads(k)), heads(v)
+        if attn.added_kv_proj_dim is not None:  # the text stream's tokens go first
+            q = torch.cat([attn.norm_added_q(heads(text_q)), q], dim=1)
+            k = torch.cat([attn.norm_added_k(heads(text_k)), k], dim=1)
+            v = torch.cat([heads(text_v), v], dim=1)
+        if image_rotary_emb is not None:  # [S, D] fp32 tables, the same for every batch and head
+            cos, sin = (t.to(q.device)[None] for t in image_rotary_emb)
+            q, k = (self.rope(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
+        out = dispatch_attention_fn(
+            q,
+            k,
+            v,
+            attn_mask=attention_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        out = out.flatten(2, 3).to(q.dtype)
+        if encoder_hidden_states is None:
+            return out
+        text, image = out.split_with_sizes([encoder_hidden_states.shape[1], hidden_states.shape[1]], dim=1)
+        return attn.to_out[1](attn.to_out[0](image.contiguous())), attn.to_add_out(text.contiguous())
