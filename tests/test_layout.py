@@ -131,7 +131,7 @@ SIZES = {
     "autodiff.py": 110,
     "errors.py": 40,
     "integrations/diffusers.py": 340,
-    "integrations/flux.py": 240,
+    "integrations/flux.py": 300,
     "integrations/e2e.py": 200,
     "integrations/workloads.py": 180,
     "integrations/diffusion.py": 120,
