@@ -1,21 +1,22 @@
 """Prints spec math (sympy) as CUDA C++ statements, after common-subexpression
-elimination, with sympy's C99 printer set to fp32 (sqrtf, expf, 1.0F ...)."""
+elimination, with sympy's C99 printer set to fp32 (sqrtf, expf, 1.0F ...), or to fp64 where a spec
+computes in double as the library it matches does (rotary angles from fp64 frequency tables)."""
 
 from __future__ import annotations
 
 import sympy as sp
-from sympy.codegen.ast import float32, real
+from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
 
 class CudaPrinter(C99CodePrinter):
-    """C99 in fp32, plus the CUDA intrinsics a memory-bound kernel wants: rsqrtf,
-    products instead of powf for small integer powers, and ``to_io_dtype``."""
+    """C99 in fp32 (or fp64 with ``double``), plus the CUDA intrinsics a memory-bound kernel wants:
+    rsqrtf, products instead of powf for small integer powers, and ``to_io_dtype``."""
 
-    def __init__(self, names: dict[str, str]):
-        # no math macros: M_SQRT2 and friends are doubles and would pull the arithmetic into fp64
-        super().__init__({"type_aliases": {real: float32}, "math_macros": {}})
-        self._names = names
+    def __init__(self, names: dict[str, str], double: bool = False):
+        # no math macros: M_SQRT2 and friends are doubles and would pull fp32 arithmetic into fp64
+        super().__init__({"type_aliases": {real: float64 if double else float32}, "math_macros": {}})
+        self._names, self._suffix = names, "" if double else "F"
 
     def _print_Symbol(self, symbol):
         return self._names.get(symbol.name, symbol.name)
@@ -23,14 +24,14 @@ class CudaPrinter(C99CodePrinter):
     def _print_Pow(self, expr):
         base, exp = expr.args
         if exp == sp.Rational(-1, 2):
-            return f"rsqrtf({self._print(base)})"
+            return f"rsqrt{'f' if self._suffix else ''}({self._print(base)})"
         if exp.is_Integer and 2 <= int(exp) <= 4:
             factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
             return "(" + "*".join([factor] * int(exp)) + ")"
         return super()._print_Pow(expr)
 
-    def _print_NumberSymbol(self, expr):  # pi, E, ...: an fp32 literal
-        return f"{float(expr)!r}F"
+    def _print_NumberSymbol(self, expr):  # pi, E, ...: a literal in the printer's precision
+        return f"{float(expr)!r}{self._suffix}"
 
     _print_Pi = _print_Exp1 = _print_NumberSymbol
 
@@ -47,18 +48,22 @@ class CudaPrinter(C99CodePrinter):
         return text
 
     def _print_sigmoid(self, expr):
-        return f"(1.0F / (1.0F + expf(-({self._print(expr.args[0])}))))"
+        f = "f" if self._suffix else ""
+        return f"(1.0{self._suffix} / (1.0{self._suffix} + exp{f}(-({self._print(expr.args[0])}))))"
 
     def _print_to_io_dtype(self, expr):
         return f"round_to_io<T>({self._print(expr.args[0])})"
 
 
-def statements(assignments: dict[str, sp.Expr], names: dict[str, str]) -> list[str]:
-    """``target = expr;`` lines (targets are C++ lvalues), shared subexpressions first as consts."""
-    printer = CudaPrinter(names)
+def statements(assignments: dict[str, sp.Expr], names: dict[str, str], double: bool = False) -> list[str]:
+    """``target = expr;`` lines (targets are C++ lvalues), shared subexpressions first as consts; in fp64
+    with ``double``."""
+    printer = CudaPrinter(names, double)
     targets = list(assignments)
     temps, reduced = sp.cse([assignments[t] for t in targets], symbols=sp.numbered_symbols("t"))
-    lines = [f"const float {tmp} = {printer.doprint(value)};" for tmp, value in temps]
+    lines = [
+        f"const {'double' if double else 'float'} {tmp} = {printer.doprint(value)};" for tmp, value in temps
+    ]
     lines += [f"{target} = {printer.doprint(value)};" for target, value in zip(targets, reduced)]
     return lines
 

@@ -41,6 +41,19 @@ def usable_dtype() -> torch.dtype:
 
 test_arch.__test__ = False  # a helper, not a test
 
+
+def fit_axis_dims(spec, hidden: int, params: list) -> list:
+    """``params`` with the axis widths of a rotary op's "blocks" grid (Flux's, Wan's) splitting a head of
+    ``hidden`` channels as Wan splits it: 2·(hidden // 6) for each of the last two axes, the rest for the
+    first. Other ops' params unchanged."""
+    grid = getattr(spec.structure, "grid", None)
+    if grid is None or grid.layout != "blocks":
+        return params
+    rest = 2 * (hidden // 6)
+    widths = dict(zip(grid.axis_dims, (hidden - 2 * rest, rest, rest)))
+    return [widths.get(p.name, v) for p, v in zip(spec.params, params)]
+
+
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
 
 

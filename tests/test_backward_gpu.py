@@ -12,7 +12,7 @@ import inspect
 
 import pytest
 import torch
-from conftest import refused
+from conftest import fit_axis_dims, refused
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_ops_gpu import poison_allocator
@@ -26,8 +26,13 @@ pytestmark = pytest.mark.gpu
 
 OPS = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# ops with inputs that broadcast over the rows (AdaLN's scale, shift, gate): per token or per batch
-BROADCAST = [op for op in OPS if any(t.broadcast for t in load_spec(op).inputs)]
+# ops with inputs that broadcast over the rows (AdaLN's scale, shift, gate): per token or per batch; not a
+# rotary op's tables, constants of its backward (test_an_input_without_a_gradient_refuses_requiring_one)
+BROADCAST = [
+    op
+    for op in OPS
+    if any(t.broadcast for t in load_spec(op).inputs) and load_spec(op).structure.kind != "rotary"
+]
 
 
 def backward_spec(op):
@@ -49,7 +54,8 @@ def at(op, shape):
     """The op's shape and params for a test shape ([rows, hidden] or [B, S, hidden]). A rotary op: hidden
     made even (it holds pairs), the rank of its benchmark shapes (what its peers take: [B, H, T, D] for
     transformers' rope, one head); grid angles over a latent grid like LTX-Video's (at most 16 × 24 a frame,
-    so the coordinates, and the fp32 angles' error, stay as in a model), the tokens rounded up to fill it."""
+    so the coordinates, and the fp32 angles' error, stay as in a model), the tokens rounded up to fill it; a
+    blocks grid's axis widths splitting the head."""
     spec = load_spec(op)
     params = [p.default for p in spec.params]
     if spec.structure.kind != "rotary":
@@ -58,14 +64,14 @@ def at(op, shape):
     shape = (*shape[:-1], shape[-1] + shape[-1] % 2)
     shape = (shape[0] if len(shape) == 3 else 1,) + (1,) * (rank - 3) + shape[-2:]
     if spec.structure.grid is not None and spec.structure.grid.sizes:
-        tokens = shape[1]
+        tokens = shape[-2]
         width = min(tokens, 24)
         height = min(-(-tokens // width), 16)
         frames = -(-tokens // (width * height))
-        shape = (shape[0], frames * height * width, shape[2])
+        shape = (*shape[:-2], frames * height * width, shape[-1])
         sizes = dict(zip(spec.structure.grid.sizes, (frames, height, width)))
         params = [sizes.get(p.name, p.default) for p in spec.params]
-    return shape, params
+    return shape, fit_axis_dims(spec, shape[-1], params)
 
 
 def leaves(op, shape, dtype, gen, magnitude=1.0, present=None, per_batch=False):

@@ -14,6 +14,7 @@ import pytest
 import test_ops_gpu as rows_suite
 import test_rotary_gpu as rotary_suite
 import torch
+from conftest import fit_axis_dims
 
 from kgen.bench import example_inputs
 from kgen.catalog import load_spec, op_names
@@ -33,7 +34,7 @@ def fns(built):
 
 def valid_call(op, dtype=torch.bfloat16, gen=None, shape=None, per_batch=False):
     """Inputs and params of a valid call: [2, 3, 64] rows, a [2, 3, 7, 64] q with 2 k heads, or a
-    [2, 24, 256] video latent on a 2·3·4 grid."""
+    [2, 24, 256] video latent on a 2·3·4 grid (a blocks grid's axis widths splitting the 256)."""
     spec = load_spec(op)
     params = [p.default for p in spec.params]
     grid = spec.structure.grid if spec.structure.kind == "rotary" else None
@@ -42,6 +43,7 @@ def valid_call(op, dtype=torch.bfloat16, gen=None, shape=None, per_batch=False):
     shape = shape or (
         (2, 24, 256) if grid is not None else (2, 3, 7, 64) if spec.structure.kind == "rotary" else (2, 3, 64)
     )
+    params = fit_axis_dims(spec, shape[-1], params)
     inputs = example_inputs(spec, shape, dtype, k_heads=2, generator=gen, per_batch=per_batch)
     for t, tensor in zip(inputs, spec.inputs):
         if tensor.dims == COORDINATES:  # latent-grid positions: whole numbers up to about 2000

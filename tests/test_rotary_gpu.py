@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import REFUSAL, refused, usable_dtype
+from conftest import REFUSAL, fit_axis_dims, refused, usable_dtype
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +37,10 @@ def partner(t: torch.Tensor, pairing: str) -> torch.Tensor:
 
 def tables(op: str, x: torch.Tensor, inputs: list, params: list):
     """The cos and sin each element of x sees, broadcast to x's shape."""
-    if any(t.dims == COORDINATES for t in load_spec(op).inputs):
-        cos, sin = load_spec(op).reference(x, inputs[1], *params, tables=True)
-    elif load_spec(op).structure.grid is not None:  # the grid ops share rope3d's angles
-        cos, sin = load_spec("rope3d").reference(x, *params, tables=True)
+    spec = load_spec(op)
+    if spec.structure.grid is not None:  # the tables the reference builds (q's, where it rotates q and k)
+        cos, sin = spec.reference(*inputs, *params, tables=True)
+        cos, sin = (cos[0], cos[1]) if isinstance(cos, tuple) else (cos, sin)
     else:
         cos, sin = inputs[-2:]
     if x.dim() == 4 and cos.dim() == 3:
@@ -87,24 +87,30 @@ def cases(draw):
     hidden = draw(st.sampled_from([2, 4, 6, 8, 12, 14, 16, 64, 96, 100, 128, 256, 2048]))
     params = [p.default for p in spec.params]
     k_heads = None
-    if spec.structure.grid is not None and not spec.structure.grid.sizes:  # coordinates given per token
-        shape = (draw(st.integers(1, 3)), draw(st.integers(1, 300)), hidden)
-    elif spec.structure.grid is not None:
-        grid = [draw(st.integers(1, 6)) for _ in range(3)]
-        shape = (draw(st.integers(1, 3)), grid[0] * grid[1] * grid[2], hidden)
-        params[:3] = grid
-        if draw(st.booleans()):  # other LTX settings: theta, frame rate, patch sizes
-            params[3:] = [
-                draw(st.sampled_from([10000.0, 500.0])),
-                20.0,
-                2048.0,
-                2048.0,
-                draw(st.sampled_from([8 / 25, 8 / 24, 1.0])),
-                32.0,
-                32.0,
-                1.0,
-                2.0,
-            ]
+    grid = spec.structure.grid
+    if grid is not None:
+        tokens = draw(st.integers(1, 300))  # coordinates given per token, or a grid of 1 to 216 tokens
+        if grid.sizes:
+            sizes = [draw(st.integers(1, 6)) for _ in range(3)]
+            tokens = sizes[0] * sizes[1] * sizes[2]
+            params[:3] = sizes
+        # [B, S, C], or for a blocks grid (a head's channels split among the axes) [B, H, S, D]
+        heads = draw(st.sampled_from([None, 1, 3])) if grid.layout == "blocks" else None
+        shape = (draw(st.integers(1, 3)), *((heads,) if heads else ()), tokens, hidden)
+        named = {p.name: i for i, p in enumerate(spec.params)}
+        if draw(st.booleans()):  # other settings: theta, LTX's frame rate and patch size
+            for name, choices in (
+                ("theta", [10000.0, 500.0]),
+                ("scale_t", [8 / 25, 8 / 24, 1.0]),
+                ("patch", [2.0]),
+            ):
+                if name in named:
+                    params[named[name]] = draw(st.sampled_from(choices))
+        if grid.layout == "blocks":  # any split of the head among the axes (empty axes included)
+            first = 2 * draw(st.integers(0, hidden // 2))
+            second = 2 * draw(st.integers(0, (hidden - first) // 2))
+            for name, width in zip(grid.axis_dims, (first, second, hidden - first - second)):
+                params[named[name]] = width
     else:
         layout = draw(st.sampled_from(["bhtd", "bsc", "td"]))
         b, t = draw(st.integers(1, 3)), draw(st.integers(1, 200))
@@ -245,6 +251,53 @@ def test_rope3d_angles_match_diffusers(ops, record_property, tokens, channels):
         assert equal == 1.0, f"{name}: {equal:.6%} equal, max |diff| {worst:.3g}"
 
 
+def read_back(op_fn, tokens: int, *args):
+    """The cos and sin [S, D] the kernel used, read back through fp32 q = k = [1, 0, 1, 0, ...] in 2 heads
+    (out = [cos, sin, ...] exactly); both heads and k's the same."""
+    q = torch.zeros(1, 2, tokens, 128, device="cuda")
+    q[..., 0::2] = 1.0
+    out, k_out = op_fn(q, q, *args)
+    assert torch.equal(out, k_out) and torch.equal(out[:, 0], out[:, 1])
+    return out[0, 0, :, 0::2].repeat_interleave(2, -1), out[0, 0, :, 1::2].repeat_interleave(2, -1)
+
+
+def assert_tables_equal(record_property, got: tuple, want: tuple):
+    for name, g, w in zip(("cos", "sin"), got, want):
+        equal, worst = (g == w).float().mean().item(), (g - w).abs().max().item()
+        record_property(f"{name}_bitwise_equal", equal)
+        assert equal == 1.0, f"{name}: {equal:.6%} equal, max |diff| {worst:.3g}"
+
+
+def test_rope_flux_angles_match_diffusers(ops, record_property):
+    """rope_flux's cos and sin against FluxPosEmbed's own tables (float64 on the GPU, rounded to fp32) for
+    Flux.1's ids (512 text tokens at 0, a 64 × 64 image grid) and for fractional positions up to 300."""
+    flux = pytest.importorskip("diffusers.models.transformers.transformer_flux")
+    embed = flux.FluxPosEmbed(theta=10000, axes_dim=[16, 56, 56])
+    side, text = 64, 512
+    image = torch.zeros(side * side, 3, device="cuda")
+    position = torch.arange(side * side, device="cuda")
+    image[:, 1], image[:, 2] = position // side, position % side
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for ids in (
+        torch.cat([torch.zeros(text, 3, device="cuda"), image]),
+        torch.rand(777, 3, generator=gen, device="cuda") * 300,
+    ):
+        got = read_back(ops["rope_flux"], ids.shape[0], ids.t().unsqueeze(0), 10000.0, 16, 56, 56)
+        assert_tables_equal(record_property, got, embed(ids))
+
+
+def test_rope_wan_angles_match_diffusers(ops, record_property):
+    """rope_wan's cos and sin against WanRotaryPosEmbed's own tables (float64 on the CPU, rounded to fp32,
+    moved to the GPU) on Wan's 480p, 81-frame latent grid (21 × 30 × 52 after patching)."""
+    wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")
+    embed = wan.WanRotaryPosEmbed(attention_head_dim=128, patch_size=(1, 2, 2), max_seq_len=1024).to("cuda")
+    grid = (21, 30, 52)
+    want = embed(torch.zeros(1, 16, grid[0], 2 * grid[1], 2 * grid[2], device="cuda"))
+    widths = (embed.t_dim, embed.h_dim, embed.w_dim)
+    got = read_back(ops["rope_wan"], grid[0] * grid[1] * grid[2], *grid, 10000.0, *widths)
+    assert_tables_equal(record_property, got, tuple(t[0, :, 0] for t in want))
+
+
 def test_argument_errors(ops):
     dtype = usable_dtype()
     x = torch.randn(2, 4, 10, 64, device="cuda", dtype=dtype)
@@ -267,6 +320,22 @@ def test_argument_errors(ops):
         ops["rope3d"](x[:, 0], 2, 3, 4)
     with pytest.raises(ValueError, match=r"rope3d: frames must be an integer > 0, got 0"):
         ops["rope3d"](x[:, 0], 0, 3, 4)
+    with pytest.raises(ValueError, match=r"rope3d: x must be \[B, S, C\] with S = frames·height·width"):
+        ops["rope3d"](x, 2, 5, 1)  # LTX's axes interleave across the channels of a token: no heads
+    q = torch.randn(1, 2, 24, 128, device="cuda", dtype=dtype)
+    with pytest.raises(
+        ValueError,
+        match=r"rope_wan: the axes' channels dim_t \+ dim_h \+ dim_w = 44 \+ 42 \+ 40 must equal x's last "
+        r"dim 128",
+    ):
+        ops["rope_wan"](q, q, 2, 3, 4, 10000.0, 44, 42, 40)
+    positions = torch.zeros(1, 3, 24, device="cuda")
+    with pytest.raises(
+        ValueError, match=r"rope_flux: dim_0 must be an even integer >= 0 \(whole pairs\), got 15"
+    ):
+        ops["rope_flux"](q, q, positions, 10000.0, 15, 57, 56)
+    with pytest.raises(ValueError, match=r"rope_flux: positions must have shape \[B, 3, S\] = \[1, 3, 24\]"):
+        ops["rope_flux"](q, q, positions[..., :23], 10000.0, 16, 56, 56)
 
 
 def valid_inputs(op, dtype, gen):
@@ -276,6 +345,7 @@ def valid_inputs(op, dtype, gen):
     params = [p.default for p in spec.params]  # the schema has no defaults: opcheck passes them all
     if grid:
         params[:3] = [2, 3, 4]  # frames, height, width of the 24-token grid
+    params = fit_axis_dims(spec, shape[-1], params)
     return example_inputs(spec, shape, dtype, k_heads=2, generator=gen), params
 
 
@@ -309,7 +379,8 @@ def test_empty_input(ops, op):
     spec = load_spec(op)
     shape = (0, 1, 64) if spec.structure.grid else (2, 0, 64)  # grid ops: no batch on a 1·1·1 grid
     inputs = example_inputs(spec, shape, torch.float16)
-    outs = ops[op](*inputs)
+    defaults = [int(p.default) if p.integer else p.default for p in spec.params]
+    outs = ops[op](*inputs, *fit_axis_dims(spec, 64, defaults))
     for out in outs if isinstance(outs, tuple) else (outs,):
         assert out.shape == shape
 

@@ -1,5 +1,6 @@
 """The rotary family: pairwise rotation of q (and k) by angles read from cos/sin tables or computed in the
-kernel from each token's place on a latent grid (text-model RoPE, LTX-Video's 3D RoPE).
+kernel from each token's place on a latent grid or given positions (text-model RoPE; LTX-Video's, Flux's and
+Wan's RoPE: the grid angles in rotary_grid.py).
 
 DSL: `Rotary(pairing, rotates, tables | grid, conventions)`. Plan: a thread keeps one channel group and
 walks tokens, rotating every head of a token with cos and sin fetched once; the grid stops at one full
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..autodiff import backward_reference, derivative, gradient_name
 from ..codegen import evaluate, statements
-from ..dsl import Convention, Identifier, OpSpec, Structure, SympyExpr, Tensor, _Model, check_symbols
+from ..dsl import Convention, Identifier, OpSpec, Structure, Tensor
 from ..profile import ArchProfile, TuningTable
 from .base import (
     DTYPE_BYTES,
@@ -33,32 +34,12 @@ from .base import (
     scalar_values,
     vector_notes,
 )
+from .rotary_grid import COORDINATES, GridAngles, GridCode, coord, freq, k, n_freq  # noqa: F401 (the specs' names)
 
 # an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second;
 # cos_pair and sin_pair are the partner's table values (equal to cos and sin in every table a model builds,
 # but a backward reads them: the partner's output holds this element with the partner's angle)
 cos, sin, sign, cos_pair, sin_pair = sp.symbols("cos sin sign cos_pair sin_pair")
-# grid angles: k (a frequency's index), n_freq (how many), coord (an axis coordinate), freq
-k, n_freq, coord, freq = sp.symbols("k n_freq coord freq")
-COORDINATES = "batch axes tokens"  # a float32 [B, axes, S] tensor: each token's grid coordinates
-
-
-class GridAngles(_Model):
-    """Rotary angles computed in the kernel from each token's place on a latent grid (LTX-Video's 3D RoPE).
-    Tokens run row-major over the integer params ``sizes``; ``axes`` name the index along each. The first C
-    mod (2·axes) channels pass through (cos 1, sin 0); channel c >= that pad is in pair j = (c - pad) // 2,
-    with frequency k = j // len(axes) of n_freq = C // (2·axes) and axis j mod len(axes). ``coordinates``
-    (one per axis, of its index and params), ``frequency`` (of k and n_freq) and ``angle`` (of freq and
-    coord) are fp32 math."""
-
-    axes: list[Identifier] = Field(min_length=1, max_length=3)
-    sizes: list[Identifier] = Field(default=[], max_length=3)
-    coordinates: list[SympyExpr]
-    # a 'batch axes tokens' input giving each token's coordinates (diffusers' video_coords) instead of the
-    # sizes; then ``coordinates`` map each given value (the axis symbol) to the coordinate
-    coordinates_input: Identifier | None = None
-    frequency: SympyExpr
-    angle: SympyExpr
 
 
 class Rotary(Structure):
@@ -123,31 +104,14 @@ class Rotary(Structure):
         if any(spec.inplace.get(o.name, r.name) != r.name for o, r in zip(spec.outputs, rotated)):
             raise ValueError("inplace: a rotary op's output may only overwrite its own rotated input")
         if self.grid is not None:
-            self._check_grid(spec, tables)
+            if tables or self.pairing != "interleaved":
+                raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
+            self.grid.check(spec)
         return (
             set(self.rotates)
             | {f"{n}_pair" for n in self.rotates}
             | {"cos", "sin", "sign", "cos_pair", "sin_pair"}
         )
-
-    def _check_grid(self, spec: OpSpec, tables: list[Tensor]) -> None:
-        grid = self.grid
-        if tables or self.pairing != "interleaved":
-            raise ValueError("grid angles serve interleaved pairs, with no cos/sin tensors")
-        ints = {p.name for p in spec.params if p.integer}
-        sizes = len(grid.axes) if grid.coordinates_input is None else 0
-        if not set(grid.sizes) <= ints or not (
-            len(grid.sizes) == sizes and len(grid.axes) == len(grid.coordinates)
-        ):
-            raise ValueError(
-                f"structure.grid: one coordinate per axis, and one size per axis (an integer param; "
-                f"have {sorted(ints)}) unless the coordinates come from coordinates_input"
-            )
-        floats = {p.name for p in spec.params if not p.integer}
-        for axis, expr in zip(grid.axes, grid.coordinates):
-            check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}", False)
-        check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency", False)
-        check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle", False)
 
 
 class RotaryFacts(BaseModel):
@@ -161,16 +125,6 @@ class RotaryFacts(BaseModel):
 class RotaryPlan(KernelPlan):
     heads_in_flight: int  # heads a thread loads before it stores the first
     wave_threads: int  # one full wave: the grid stops there, threads walking tokens
-
-
-@dataclass(frozen=True)
-class GridCode:
-    axes: list[str]
-    sizes: list[str]
-    coordinates_input: str | None
-    coordinates: list[list[str]]
-    frequency: list[str]
-    angle: list[str]
 
 
 @dataclass(frozen=True)
@@ -225,6 +179,13 @@ class RotaryFamily(Family):
             f"{'rotate_half' if pairing == 'half' else pairing} pairs, "
             "all loaded before the first is stored (profile planner.rotary.heads_in_flight)",
         }
+        if grid := spec.structure.grid:
+            why = "as the matched library's float64 tables" if grid.precision == "float64" else "the default"
+            notes["angles"] = (
+                f"computed in the kernel in {grid.precision} ({why}): a thread's frequencies once (it keeps "
+                "its channels), sin and cos once per token, shared by every head and rotated tensor; "
+                "no table read"
+            )
         return RotaryPlan(
             spec.name,
             profile.name,
@@ -265,6 +226,8 @@ class RotaryFamily(Family):
             ("storage", "none", b.reasons["storage"]),
             ("heads in flight", str(kernel.heads_in_flight), kernel.notes["heads in flight"]),
         ]
+        if "angles" in kernel.notes:
+            choices.append(("angles", spec.structure.grid.precision, kernel.notes["angles"]))
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
@@ -285,7 +248,7 @@ class RotaryFamily(Family):
             if lead.dim() == 4 and cos.dim() == 3:  # [B or 1, T, D] beside [B, H, T, D]
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         else:
-            cos, sin = self._grid_tables(spec, given, values, lead)
+            cos, sin = structure.grid.tables(given, values, lead)
         if structure.pairing == "interleaved":
             sign = torch.tensor([-1.0, 1.0], dtype=torch.float64).repeat(hidden // 2)
         else:
@@ -365,48 +328,10 @@ class RotaryFamily(Family):
         frequency or pad moves whole elements."""
         return (max(atol, 2e-2), max(rtol, 2e-2)) if spec.structure.grid else (atol, rtol)
 
-    @staticmethod
-    def _grid_tables(spec: OpSpec, given: dict, params: dict, lead) -> tuple:
-        """cos and sin [B, S, C] from the grid angles, in fp32 as the kernel computes them."""
-        import torch
-
-        grid, f32 = spec.structure.grid, torch.float32
-        batch, tokens, hidden = lead.shape
-        naxes = len(grid.axes)
-        floats = {k: v for k, v in params.items() if k in ("hidden", "inv_hidden") or not isinstance(v, int)}
-        if grid.coordinates_input:
-            raw = given[grid.coordinates_input].to(f32)  # [B, axes, S]
-        else:
-            sizes = [int(params[n]) for n in grid.sizes]
-            index = torch.arange(tokens)
-            raw = torch.stack(
-                [index // (torch.tensor(sizes[a + 1 :]).prod()) % sizes[a] for a in range(naxes)]
-            )
-            raw = raw.to(f32).unsqueeze(0).expand(batch, -1, -1)
-        coords = torch.stack(
-            [
-                evaluate(e, floats | {axis: raw[:, a]}, None).to(f32)
-                for a, (axis, e) in enumerate(zip(grid.axes, grid.coordinates))
-            ],
-            1,
-        )  # [B, axes, S]
-        pad, n_freq = hidden % (2 * naxes), hidden // (2 * naxes)
-        channels = torch.arange(pad, hidden)
-        pairs = (channels - pad) // 2
-        freq = evaluate(
-            grid.frequency, floats | {"k": (pairs // naxes).to(f32), "n_freq": float(n_freq)}, None
-        )
-        coord = coords[:, pairs % naxes, :].transpose(1, 2)  # [B, S, C - pad]
-        angle = evaluate(grid.angle, floats | {"freq": torch.as_tensor(freq).to(f32), "coord": coord}, None)
-        angle = torch.as_tensor(angle).to(f32).expand(batch, tokens, hidden - pad)
-        cos = torch.cat([torch.ones(batch, tokens, pad, dtype=f32), angle.cos()], -1)
-        sin = torch.cat([torch.zeros(batch, tokens, pad, dtype=f32), angle.sin()], -1)
-        return cos.double(), sin.double()
-
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         structure, shape = spec.structure, tuple(case.shape)
-        if tensor.dims == COORDINATES:  # [B, axes, S] beside x [B, S, C]
-            return (shape[0], len(structure.grid.axes), shape[1])
+        if tensor.dims == COORDINATES:  # [B, axes, S] beside x [B, S, C] or [B, H, S, D]
+            return (shape[0], len(structure.grid.axes), shape[-2])
         if tensor.name in (
             structure.tables or ()
         ):  # the lead's shape without the head dim, batch 1 per batch
@@ -420,8 +345,7 @@ class RotaryFamily(Family):
         grid = spec.structure.grid
         if grid is None:
             return [Case(shape) for shape in [(2, 7, 64), (1, 5, 2), (2, 3, 5, 128), (1, 4, 33, 96)]]
-        sizes = tuple(zip(grid.sizes, (2, 3, 4)))  # a grid of 2·3·4 tokens
-        return [Case((1, 24, c), params=sizes) for c in (2, 12, 100, 2048, 4096)]
+        return grid.example_cases()
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[RotaryPlan]) -> RotaryContext:
         structure, names = spec.structure, printed_names(spec)
@@ -437,17 +361,7 @@ class RotaryFamily(Family):
                 o: statements({f"{o}_result": e}, names) for o, e in c.outputs.items()
             },
         )
-        grid = None
-        if structure.grid is not None:
-            g = structure.grid
-            grid = GridCode(
-                g.axes,
-                g.sizes,
-                g.coordinates_input,
-                [statements({"coord": e}, names) for e in g.coordinates],
-                statements({"freq": g.frequency}, names),
-                statements({"angle": g.angle}, names),
-            )
+        grid = structure.grid.code(names) if structure.grid is not None else None
         lead = spec.lead.name
         fake = [f"torch.empty({t.name}.shape, dtype={lead}.dtype, device={lead}.device)" for t in rotated]
         return RotaryContext(

@@ -127,6 +127,7 @@ torch::Tensor run_rope3d_coords(const torch::Tensor& x, const torch::Tensor& coo
   const float base_width_f = static_cast<float>(base_width);  // the value the kernel gets
   TORCH_CHECK_VALUE(std::isfinite(base_width_f) && base_width_f > 0, op, ": base_width must be a finite number > 0 in float32, got ",
                     number_str(base_width));
+  // the axes interleave across all channels of a token: q or k before the head split
   TORCH_CHECK_VALUE(x.dim() == 3, op, ": x must be [B, S, C], got shape ",
                     shape_str(x.sizes()));
   check_device(coords, op, "coords", x);
@@ -335,6 +336,7 @@ torch::Tensor run_rope3d_coords_backward(const torch::Tensor& grad_out, const to
   const float base_width_f = static_cast<float>(base_width);  // the value the kernel gets
   TORCH_CHECK_VALUE(std::isfinite(base_width_f) && base_width_f > 0, op, ": base_width must be a finite number > 0 in float32, got ",
                     number_str(base_width));
+  // the axes interleave across all channels of a token: q or k before the head split
   TORCH_CHECK_VALUE(grad_out.dim() == 3, op, ": grad_out must be [B, S, C], got shape ",
                     shape_str(grad_out.sizes()));
   check_device(coords, op, "coords", grad_out);

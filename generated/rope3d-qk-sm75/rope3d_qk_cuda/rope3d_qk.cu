@@ -9,6 +9,7 @@
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored (profile planner.rotary.heads_in_flight)
+//   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
 //   float16: 8 elem/access, 2 elem/access; 256 threads/block
 #include "rope3d_qk.h"
@@ -114,9 +115,9 @@ struct Convention_single_rounding {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Grid angles, printed from the spec: each token's coordinate along each axis, each frequency,
-// and the angle of a (frequency, coordinate) pair. Tokens run row-major over
-// (frames, height, width); the first D mod 6 channels pass through.
+// Grid angles, printed from the spec: each token's coordinate along each axis, each frequency, and
+// the angle of a (frequency, coordinate) pair. Tokens run row-major over (frames, height, width);
+// the first D mod 6 channels pass through, then pairs cycle through the axes.
 // ---------------------------------------------------------------------------------------------
 constexpr int kAxes = 3;
 

@@ -145,6 +145,7 @@ torch::Tensor run_rope3d(const torch::Tensor& x, int64_t frames, int64_t height,
   const float patch_f = static_cast<float>(patch);  // the value the kernel gets
   TORCH_CHECK_VALUE(std::isfinite(patch_f) && patch_f > 0, op, ": patch must be a finite number > 0 in float32, got ",
                     number_str(patch));
+  // the axes interleave across all channels of a token: q or k before the head split
   TORCH_CHECK_VALUE(x.dim() == 3, op, ": x must be [B, S, C] with S = frames·height·width tokens in row-major order, got shape ",
                     shape_str(x.sizes()));
   TORCH_CHECK_VALUE(frames * height * width == tokens, op, ": x has ", std::to_string(tokens), " tokens per batch but ",
@@ -378,6 +379,7 @@ torch::Tensor run_rope3d_backward(const torch::Tensor& grad_out, int64_t frames,
   const float patch_f = static_cast<float>(patch);  // the value the kernel gets
   TORCH_CHECK_VALUE(std::isfinite(patch_f) && patch_f > 0, op, ": patch must be a finite number > 0 in float32, got ",
                     number_str(patch));
+  // the axes interleave across all channels of a token: q or k before the head split
   TORCH_CHECK_VALUE(grad_out.dim() == 3, op, ": grad_out must be [B, S, C] with S = frames·height·width tokens in row-major order, got shape ",
                     shape_str(grad_out.sizes()));
   TORCH_CHECK_VALUE(frames * height * width == tokens, op, ": grad_out has ", std::to_string(tokens), " tokens per batch but ",

@@ -19,9 +19,9 @@ def rope3d_qk(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1
     Args:
         x: q: [B, S, C], S = frames·height·width
         k: k: [B, S, C]
-        frames: latent frames F (default 1.0)
-        height: latent height H (default 1.0)
-        width: latent width W (default 1.0)
+        frames: latent frames F (default 1)
+        height: latent height H (default 1)
+        width: latent width W (default 1)
         theta: RoPE base (default 10000.0)
         base_frames: base_num_frames (default 20.0)
         base_height: base_height (default 2048.0)

@@ -18,9 +18,9 @@ def rope3d(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, th
 
     Args:
         x: [B, S, C], S = frames·height·width (q or k before the head split)
-        frames: latent frames F (default 1.0)
-        height: latent height H (default 1.0)
-        width: latent width W (default 1.0)
+        frames: latent frames F (default 1)
+        height: latent height H (default 1)
+        width: latent width W (default 1)
         theta: RoPE base (default 10000.0)
         base_frames: base_num_frames (default 20.0)
         base_height: base_height (default 2048.0)
