@@ -5,7 +5,7 @@ Without a GPU the real libraries are built and loaded and each op gets a CPU ker
 reference (tests/conftest.py): the structure checks, the patched dataflow of both block kinds, the ops each
 forward runs, the outputs, training and torch.compile tracing. On a GPU the same tests run the real kernels
 with Flux.1-dev's widths (24 heads × 128, text 4096, pooled 768, rotary axes 16 / 56 / 56), two double and two
-single blocks, B = 2, 32×32 image tokens and 64 text tokens."""
+single blocks, B = 2, 32×32 image tokens and 128 text tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -33,7 +34,7 @@ SMALL = dict(
     pooled_projection_dim=32,
     axes_dims_rope=(4, 6, 6),
 )
-IMAGE, TEXT = (1024, 64) if GPU else (12, 5)
+IMAGE, TEXT = (1024, 128) if GPU else (12, 5)
 SERVED = {
     "double_blocks": 2,
     "single_blocks": 2,
@@ -43,6 +44,10 @@ SERVED = {
     "gelu_tanh": 6,
 }
 pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
+# torch 2.11's cuDNN attention backward fails on the H200 in these training steps, diffusers' own model
+# without kgen included (mha_graph.execute, an illegal memory access; at 1024 + 64 tokens in a fresh
+# process too); every variant trains with the other backends
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +99,9 @@ def ran_since(calls, before) -> dict:
 # per forward: norm1 and norm1_context of each double block, each single block's norm, norm_out; each
 # double block's two gated residual adds with norm2 / norm2_context; q, k, added q and added k norms per
 # double block, q and k per single block; the feed-forwards' GELU per double block, act_mlp per single block;
-# the rotation of q and of k in every attention
+# the rotation of q and k (one launch) in every attention
 FORWARD = {
-    "rope_apply": 8,
+    "rope_flux": 4,
     "adaln_layernorm_diffusers": 7,
     "residual_adaln_layernorm_diffusers": 4,
     "rmsnorm": 12,
@@ -135,8 +140,9 @@ def test_flux_trains_every_parameter_gets_its_gradient(served_ops, build_root):
     target = torch.randn(*inputs["hidden_states"].shape, device=DEVICE)
 
     def grads(m, dtype):
-        out = m.to(dtype)(**cast(inputs, dtype), return_dict=False)[0]
-        torch.nn.functional.mse_loss(out.float(), target).backward()
+        with sdpa_kernel(NO_CUDNN):
+            out = m.to(dtype)(**cast(inputs, dtype), return_dict=False)[0]
+            torch.nn.functional.mse_loss(out.float(), target).backward()
         return {n: p.grad.double() for n, p in m.named_parameters() if p.grad is not None}
 
     truth = grads(copy.deepcopy(model), torch.float32)

@@ -9,19 +9,21 @@ act_mlp -> gelu_tanh. Every attention's norm_q, norm_k, norm_added_q, norm_added
 head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Numerics: diffusers' own roundings
 (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norms).
 
-In every attention the rotary embedding -> rope_apply, on FluxPosEmbed's fp32 tables (one launch each for q
-and k, over [B, H, S, D] views of the [B, S, H, D] heads). Not served yet: the angles computed in the kernel
-from the ids (the tables stay), and the residual adds that end each block (`+ gate · ff`, one add in the
-dtype each), which the next block's norm could take, as the LTX-Video patch does."""
+The rotary embedding: pos_embed (FluxPosEmbed) passes the ids on instead of building its two fp32 tables, and
+every attention rotates q and k in one rope_flux launch (over [B, H, S, D] views of the [B, S, H, D] heads)
+with the angles computed in the kernel from the ids, in float64 as FluxPosEmbed computes them. Not served yet:
+the residual adds that end each block (`+ gate · ff`, one add in the dtype each), which the next block's norm
+could take, as the LTX-Video patch does."""
 
 from __future__ import annotations
 
 import functools
 from types import MethodType
+from typing import Any, NamedTuple
 
 from ..errors import KgenError
 
-OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh", "rope_apply")
+OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh", "rope_flux")
 MODEL = "FluxTransformer2DModel"
 QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 PROCESSORS = ("FluxAttnProcessor", "_Attention")  # diffusers', or this module's from an earlier patch
@@ -78,8 +80,11 @@ def apply(model, kernels: dict) -> dict[str, int]:
         done["single_blocks"] += 1
         done["adaln_norms"] += 1
         done["gelu_tanh"] += 1
+    model.pos_embed.forward = MethodType(_positions_forward, model.pos_embed)
+    rope = functools.partial(kernels["rope_flux"].rope_flux, theta=float(model.pos_embed.theta))
+    rope = functools.partial(rope, **dict(zip(("dim_0", "dim_1", "dim_2"), model.pos_embed.axes_dim)))
     for attn in (m for m in model.modules() if type(m).__name__ == "FluxAttention"):
-        attn.set_processor(_Attention(kernels["rope_apply"].rope_apply, attn.processor))
+        attn.set_processor(_Attention(rope, attn.processor))
         done["attentions"] += 1
         for name in QK_NORMS:
             if (norm := getattr(attn, name, None)) is not None:
@@ -96,6 +101,11 @@ def check(model) -> None:
         raise KgenError(
             f"{MODEL}: patch it before enable_model_cpu_offload (or any accelerate or diffusers hook: "
             "offloading, caching), whose hooks wrap the forwards the patch replaces"
+        )
+    found = type(model.pos_embed).__name__
+    if found != "FluxPosEmbed" or len(model.pos_embed.axes_dim) != 3:
+        raise KgenError(
+            f"{MODEL}.pos_embed: a {found} of {len(model.pos_embed.axes_dim)} axes, not a FluxPosEmbed of 3"
         )
     found = type(model.norm_out).__name__, type(getattr(model.norm_out, "norm", None)).__name__
     if found != ("AdaLayerNormContinuous", "LayerNorm"):
@@ -129,6 +139,17 @@ def check(model) -> None:
     for where, norm in norms:
         if norm.weight is not None or norm.bias is not None:
             raise KgenError(f"{MODEL}.{where}: a LayerNorm with affine, which kgen's adaln ops do not apply")
+
+
+class _Positions(NamedTuple):
+    """What the patched pos_embed gives the blocks instead of the (cos, sin) tables: the ids, float32 as
+    FluxPosEmbed reads them, as [1, 3, S] (a view of the [S, 3] ids)."""
+
+    positions: Any
+
+
+def _positions_forward(self, ids):
+    return _Positions(ids.float().t()[None])
 
 
 def _zero_forward(adaln):
@@ -223,7 +244,8 @@ def _gelu_forward(kernel, project: bool):
 class _Attention:
     """A Flux attention processor: diffusers' dataflow (projections, q/k norms, the text stream's own
     projections and norms put before the image's, rotary on both, attention dispatch, output projections) with
-    the rotation by kgen's rope_apply on the model's fp32 tables, q and k seen as [B, H, S, D] views."""
+    q and k rotated by kgen's rope_flux in one launch, seen as [B, H, S, D] views, from the ids the patched
+    pos_embed passes on."""
 
     def __init__(self, rope, original):
         self.rope = rope
@@ -246,9 +268,9 @@ class _Attention:
             q = torch.cat([attn.norm_added_q(heads(text_q)), q], dim=1)
             k = torch.cat([attn.norm_added_k(heads(text_k)), k], dim=1)
             v = torch.cat([heads(text_v), v], dim=1)
-        if image_rotary_emb is not None:  # [S, D] fp32 tables, the same for every batch and head
-            cos, sin = (t.to(q.device)[None] for t in image_rotary_emb)
-            q, k = (self.rope(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
+        if image_rotary_emb is not None:  # the ids [1, 3, S], the same for every batch and head
+            positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
+            q, k = (t.transpose(1, 2) for t in self.rope(q.transpose(1, 2), k.transpose(1, 2), positions))
         out = dispatch_attention_fn(
             q,
             k,
