@@ -14,9 +14,11 @@ Order: reference, the implementations it replaces, then the spec.
 import sympy as sp
 import torch
 
+from kgen.catalog import load_spec
 from kgen.dsl import Convention, OpSpec, Param, Tensor
 from kgen.families.rotary import GridAngles, Rotary, coord, cos, freq, k, n_freq, sign, sin
 
+rope_apply_ref = load_spec("rope_apply").reference  # x rotated in float64 by [B or 1, S, D] tables
 x, x_pair, key, key_pair, t, h, w, theta = sp.symbols("x x_pair k k_pair t h w theta")
 
 PARAMS = [
@@ -39,15 +41,6 @@ def flux_tables(positions: torch.Tensor, theta: float, dims: tuple[int, ...]) ->
     return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x rotated in float64 by per-token tables [B, S, D] (broadcast over a 4-D x's heads)."""
-    if x.dim() == 4:
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    pairs = x.double().unflatten(-1, (-1, 2))
-    rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
-    return x.double() * cos.double() + rotated * sin.double()
-
-
 def rope_flux_ref(
     x: torch.Tensor,
     k: torch.Tensor,
@@ -64,7 +57,7 @@ def rope_flux_ref(
     cos, sin = torch.stack([c for c, _ in per_batch]), torch.stack([s for _, s in per_batch])
     if tables:
         return cos, sin
-    return rotate(x, cos, sin), rotate(k, cos, sin)
+    return rope_apply_ref(x, cos, sin), rope_apply_ref(k, cos, sin)
 
 
 def diffusers_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,7 @@ from kgen.catalog import load_spec
 from kgen.dsl import Convention, OpSpec, Param, Tensor
 from kgen.families.rotary import GridAngles, Rotary, coord, cos, freq, k, n_freq, sign, sin
 
-FLUX = load_spec("rope_flux")  # the rotation and its float64 reference
-rotate = FLUX.reference.__globals__["rotate"]
+rope_apply_ref = load_spec("rope_apply").reference  # x rotated in float64 by [B or 1, S, D] tables
 x, x_pair, key, key_pair, f, h, w, theta = sp.symbols("x x_pair k k_pair f h w theta")
 
 PARAMS = [
@@ -68,7 +67,7 @@ def rope_wan_ref(
     )
     if tables:
         return cos_, sin_
-    return rotate(x, cos_, sin_), rotate(k, cos_, sin_)
+    return rope_apply_ref(x, cos_, sin_), rope_apply_ref(k, cos_, sin_)
 
 
 def diffusers_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -58,27 +58,26 @@ class GridAngles(_Model):
 
     def check(self, spec: OpSpec) -> None:
         """The params each field names exist with the right kind; each expression uses only its symbols."""
-        grid = self
         ints = {p.name for p in spec.params if p.integer}
-        sizes = len(grid.axes) if grid.coordinates_input is None else 0
-        if not set(grid.sizes) <= ints or not (
-            len(grid.sizes) == sizes and len(grid.axes) == len(grid.coordinates)
+        sizes = len(self.axes) if self.coordinates_input is None else 0
+        if not set(self.sizes) <= ints or not (
+            len(self.sizes) == sizes and len(self.axes) == len(self.coordinates)
         ):
             raise ValueError(
                 f"structure.grid: one coordinate per axis, and one size per axis (an integer param; "
                 f"have {sorted(ints)}) unless the coordinates come from coordinates_input"
             )
-        blocks = grid.layout == "blocks"
-        if not set(grid.axis_dims) <= ints or len(grid.axis_dims) != (len(grid.axes) if blocks else 0):
+        blocks = self.layout == "blocks"
+        if not set(self.axis_dims) <= ints or len(self.axis_dims) != (len(self.axes) if blocks else 0):
             raise ValueError(
-                "structure.grid.axis_dims: with layout 'blocks', one integer param per axis giving its "
+                "structure.self.axis_dims: with layout 'blocks', one integer param per axis giving its "
                 f"channels (have {sorted(ints)}); none with layout 'interleaved'"
             )
         floats = {p.name for p in spec.params if not p.integer}
-        for axis, expr in zip(grid.axes, grid.coordinates):
-            check_symbols(expr, {axis} | floats, f"structure.grid.coordinates.{axis}", False)
-        check_symbols(grid.frequency, {"k", "n_freq"} | floats, "structure.grid.frequency", False)
-        check_symbols(grid.angle, {"freq", "coord"} | floats, "structure.grid.angle", False)
+        for axis, expr in zip(self.axes, self.coordinates):
+            check_symbols(expr, {axis} | floats, f"structure.self.coordinates.{axis}", False)
+        check_symbols(self.frequency, {"k", "n_freq"} | floats, "structure.self.frequency", False)
+        check_symbols(self.angle, {"freq", "coord"} | floats, "structure.self.angle", False)
 
     def code(self, names: dict[str, str]) -> GridCode:
         """The grid's expressions printed for the kernel template, in its precision."""
@@ -100,15 +99,15 @@ class GridAngles(_Model):
         precision as the kernel computes them, rounded to fp32."""
         import torch
 
-        grid, f32 = self, torch.float32
-        real = torch.float64 if grid.precision == "float64" else f32
+        f32 = torch.float32
+        real = torch.float64 if self.precision == "float64" else f32
         batch, tokens, hidden = lead.shape[0], lead.shape[-2], lead.shape[-1]
-        naxes = len(grid.axes)
+        naxes = len(self.axes)
         floats = {k: v for k, v in params.items() if k in ("hidden", "inv_hidden") or not isinstance(v, int)}
-        if grid.coordinates_input:
-            raw = given[grid.coordinates_input].to(f32).to(real)  # [B, axes, S]
+        if self.coordinates_input:
+            raw = given[self.coordinates_input].to(f32).to(real)  # [B, axes, S]
         else:
-            sizes = [int(params[n]) for n in grid.sizes]
+            sizes = [int(params[n]) for n in self.sizes]
             index = torch.arange(tokens)
             raw = torch.stack(
                 [index // (torch.tensor(sizes[a + 1 :]).prod()) % sizes[a] for a in range(naxes)]
@@ -119,12 +118,12 @@ class GridAngles(_Model):
                 torch.as_tensor(evaluate(e, floats | {axis: raw[:, a]}, None))
                 .to(real)
                 .expand(raw[:, a].shape)
-                for a, (axis, e) in enumerate(zip(grid.axes, grid.coordinates))
+                for a, (axis, e) in enumerate(zip(self.axes, self.coordinates))
             ],
             1,
         )  # [B, axes, S]
-        if grid.layout == "blocks":  # each pair's axis, frequency index and frequency count
-            dims = [int(params[n]) for n in grid.axis_dims]
+        if self.layout == "blocks":  # each pair's axis, frequency index and frequency count
+            dims = [int(params[n]) for n in self.axis_dims]
             axis = torch.tensor([a for a, d in enumerate(dims) for _ in range(d // 2)])
             k = torch.cat([torch.arange(d // 2) for d in dims])
             n_freq = torch.tensor([d // 2 for d in dims for _ in range(d // 2)])
@@ -133,10 +132,10 @@ class GridAngles(_Model):
             pad, count = hidden % (2 * naxes), hidden // (2 * naxes)
             pairs = torch.arange((hidden - pad) // 2)
             axis, k, n_freq = pairs % naxes, pairs // naxes, torch.full_like(pairs, count)
-        freq = evaluate(grid.frequency, floats | {"k": k.to(real), "n_freq": n_freq.to(real)}, None)
+        freq = evaluate(self.frequency, floats | {"k": k.to(real), "n_freq": n_freq.to(real)}, None)
         freq = torch.as_tensor(freq).to(real).repeat_interleave(2)  # per channel
         coord = coords[:, axis.repeat_interleave(2), :].transpose(1, 2)  # [B, S, C - pad]
-        angle = evaluate(grid.angle, floats | {"freq": freq, "coord": coord}, None)
+        angle = evaluate(self.angle, floats | {"freq": freq, "coord": coord}, None)
         angle = torch.as_tensor(angle).to(real).expand(batch, tokens, hidden - pad)
         cos = torch.cat([torch.ones(batch, tokens, pad, dtype=f32), angle.cos().to(f32)], -1)
         sin = torch.cat([torch.zeros(batch, tokens, pad, dtype=f32), angle.sin().to(f32)], -1)

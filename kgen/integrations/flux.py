@@ -81,8 +81,8 @@ def apply(model, kernels: dict) -> dict[str, int]:
         done["adaln_norms"] += 1
         done["gelu_tanh"] += 1
     model.pos_embed.forward = MethodType(_positions_forward, model.pos_embed)
-    rope = functools.partial(kernels["rope_flux"].rope_flux, theta=float(model.pos_embed.theta))
-    rope = functools.partial(rope, **dict(zip(("dim_0", "dim_1", "dim_2"), model.pos_embed.axes_dim)))
+    dims = dict(zip(("dim_0", "dim_1", "dim_2"), model.pos_embed.axes_dim))
+    rope = functools.partial(kernels["rope_flux"].rope_flux, theta=float(model.pos_embed.theta), **dims)
     for attn in (m for m in model.modules() if type(m).__name__ == "FluxAttention"):
         attn.set_processor(_Attention(rope, attn.processor))
         done["attentions"] += 1
