@@ -183,7 +183,9 @@ class Tensor(_Model):
     name: Identifier
     dims: Annotated[str, Field(pattern=r"^[a-z0-9*]+( [a-z0-9*]+)*$")]
     role: Literal["input", "output"] = "input"
-    dtype: Literal["io", "float32"] = "io"  # io: the op's I/O dtype (float32, float16 or bfloat16)
+    # io: the op's I/O dtype (float32, float16 or bfloat16); float32 whatever it is (an output: in the row
+    # families only, e.g. the gradient of a float32 input)
+    dtype: Literal["io", "float32"] = "io"
     optional: bool = False
     absent_value: FiniteFloat | None = None  # the element value used when an optional input is None
     halves: tuple[Identifier, Identifier] | None = None
@@ -207,8 +209,6 @@ class Tensor(_Model):
             raise ValueError(f"packed tensor {self.name!r} cannot be optional")
         if self.broadcast and (self.dims != "*rows hidden" or self.role == "output"):
             raise ValueError(f"tensor {self.name!r}: only a '*rows hidden' input can broadcast")
-        if self.dtype != "io" and self.role == "output":
-            raise ValueError(f"output {self.name!r} has the I/O dtype")
         return self
 
     @property

@@ -21,7 +21,7 @@ from .catalog import data_dir, suite
 from .dsl import OpSpec, Param, Tensor, reference_helpers
 from .errors import BuildError
 from .families import families, family_of
-from .families.base import Case, KernelPlan
+from .families.base import Case, KernelPlan, element_type
 from .profile import ArchProfile
 from .project import kernel_name, python_name
 
@@ -142,6 +142,14 @@ def _environment_for(roots: tuple[str, ...]) -> jinja2.Environment:
     env.filters["nix_string"] = lambda s: s.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
     env.filters["ctype"] = CTYPES.__getitem__
     env.filters["aten"] = ATEN.__getitem__
+    env.filters["elem"] = element_type
+    env.filters["access"] = lambda t: (
+        "Pack<float, ELEMS>" if t.dtype == "float32" else "Access"
+    )  # one access of t
+    # a vector access's alignment: kAccessBytes, or a float32 tensor's wider access beside a 16-bit T
+    env.filters["access_align"] = lambda t: (
+        "alignof(Pack<float, kVector>)" if t.dtype == "float32" else "kAccessBytes"
+    )
     env.filters["smoke_tolerance"] = SMOKE_TOLERANCE.__getitem__
     return env
 

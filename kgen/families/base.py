@@ -328,8 +328,8 @@ class RowsFamily(Family):
         params, args = [], []
         for t in spec.row_inputs + spec.column_inputs + spec.row_outputs:
             const = "" if t.role == "output" else "const "
-            params.append(f"{const}T* __restrict__ {t.name}")
-            args.append(f"static_cast<{const}T*>(args.{t.name})")
+            params.append(f"{const}{element_type(t)}* __restrict__ {t.name}")
+            args.append(f"static_cast<{const}{element_type(t)}*>(args.{t.name})")
             for stride in (["row"] if t.per_row else []) + (["outer"] if t.broadcast else []):
                 params.append(f"int64_t {t.name}_{stride}_stride")
                 args.append(f"args.{t.name}_{stride}_stride")
@@ -363,5 +363,21 @@ def rows_fake_outputs(spec: OpSpec) -> list[str]:
         return f"list({lead.name}.shape[:-1]) + [{last}]"
 
     return [
-        f"torch.empty({shape(t)}, dtype={lead.name}.dtype, device={lead.name}.device)" for t in spec.outputs
+        f"torch.empty({shape(t)}, dtype={fake_dtype(t, lead)}, device={lead.name}.device)"
+        for t in spec.outputs
     ]
+
+
+def element_type(t: Tensor) -> str:
+    """A tensor's element type in a kernel templated on the I/O dtype T: float for a float32 one, else T."""
+    return "float" if t.dtype == "float32" else "T"
+
+
+def fake_dtype(t: Tensor, lead: Tensor) -> str:
+    """A fake kernel's dtype for output ``t``: float32's, or the lead's (the I/O dtype)."""
+    return "torch.float32" if t.dtype == "float32" else f"{lead.name}.dtype"
+
+
+def access_bytes_of(t: Tensor, elem: int, elems: int) -> int:
+    """One access of ``elems`` elements of ``t`` in bytes: 4 per float32 element, else the I/O elem."""
+    return elems * (4 if t.dtype == "float32" else elem)

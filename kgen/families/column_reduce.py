@@ -51,9 +51,11 @@ from .base import (
     LaunchPlan,
     RowsFamily,
     Templates,
+    access_bytes_of,
     bucket_description,
     convention_code,
     element_value,
+    fake_dtype,
     io_rounding,
     min_bytes,
     printed_names,
@@ -303,7 +305,8 @@ class ColumnReduceFamily(RowsFamily):
         """One access of the row inputs the sums read and the fp32 sums of every summed output."""
         held = self._held(spec)
         summed = len(spec.column_outputs) + len(spec.structure.shaped_like)
-        return len(held) * max(4, access_bytes) + summed * elems * 4
+        elem = access_bytes // elems
+        return sum(max(4, access_bytes_of(t, elem, elems)) for t in held) + summed * elems * 4
 
     def _resident(self, profile, facts, spec, access_bytes, elems) -> tuple[int, int]:
         """The threads resident per SM and a thread's register budget (bytes): the profile's, or fewer
@@ -328,12 +331,20 @@ class ColumnReduceFamily(RowsFamily):
         # at most 4 accesses: 8 scalar accesses of layernorm's 4 inputs and 2 sums spilled at 64 registers
         # (nvcc 13.0, sm_90)
         accesses = max(1, min(4, budget_bytes // max(1, rows_only)))  # nothing held: a spec's sums of params
-        columns = accesses * (rows_only + len(spec.column_inputs) * held_bytes) <= budget_bytes
+
+        def register_bytes(tensors: list[Tensor]) -> str:  # their share of one access, as text
+            if all(t.dtype == "io" for t in tensors):
+                return f" × {held_bytes} B"
+            return f", {sum(max(4, access_bytes_of(t, elem, elems)) for t in tensors)} B"
+
+        column_bytes = sum(max(4, access_bytes_of(t, elem, elems)) for t in spec.column_inputs)
+        columns = accesses * (rows_only + column_bytes) <= budget_bytes
         budget = (
-            f"{accesses} × ({len(held)} row inputs × {held_bytes} B + "
-            f"{summed} × {elems} fp32 sums) per thread"
+            f"{accesses} × ({len(held)} row inputs{register_bytes(held)} + {summed} × {elems} fp32 sums) per "
+            "thread"
             + (
-                f" and the column inputs ({len(spec.column_inputs)} × {held_bytes} B), loaded once per block,"
+                f" and the column inputs ({len(spec.column_inputs)}{register_bytes(spec.column_inputs)}), "
+                "loaded once per block,"
                 if columns
                 else ""
             )
@@ -357,7 +368,8 @@ class ColumnReduceFamily(RowsFamily):
         # the slot's next row copied into shared memory while this one is reduced: two buffers of the row
         # inputs' accesses for every resident thread, within 3/4 of the SM's shared memory (the rest stays L1
         # for the column inputs re-read per row); cp.async copies 4, 8 or 16 bytes
-        staged_bytes = 2 * accesses * len(spec.row_inputs) * access_bytes * resident
+        slot_bytes = max((access_bytes_of(t, elem, elems) for t in spec.row_inputs), default=access_bytes)
+        staged_bytes = 2 * accesses * len(spec.row_inputs) * slot_bytes * resident
         staged = (
             profile.async_copy
             and held
@@ -574,9 +586,9 @@ class ColumnReduceFamily(RowsFamily):
         if given := structure.when_given.get(t.name):
             shape = f"{shape} if {given} is not None else [0]"
         return (
-            f"{lead}.new_empty({shape})"
+            f"{lead}.new_empty({shape}{', dtype=torch.float32' if t.dtype == 'float32' else ''})"
             if t.column or given
-            else f"torch.empty({shape}, dtype={lead}.dtype, device={lead}.device)"
+            else f"torch.empty({shape}, dtype={fake_dtype(t, spec.lead)}, device={lead}.device)"
         )
 
 

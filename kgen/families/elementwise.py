@@ -59,6 +59,10 @@ class Elementwise(Structure):
     )
 
     def check(self, spec: OpSpec) -> set[str]:
+        if any(t.dtype != "io" for t in spec.tensors):
+            raise ValueError(
+                "an elementwise op's tensors all have the I/O dtype (float32 ones are not served)"
+            )
         if any(t.broadcast for t in spec.tensors):
             raise ValueError(
                 "an elementwise op takes no broadcast inputs (each output element reads its position)"

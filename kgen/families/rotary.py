@@ -84,6 +84,8 @@ class Rotary(Structure):
                 "a rotary op takes the tensors it rotates, the cos and sin tables it names in "
                 "`tables` (or a grid's coordinates input), and nothing else"
             )
+        if any(t.dtype != "io" for t in spec.outputs):
+            raise ValueError("a rotary op's outputs have the I/O dtype")
         if len(rotated) != len(spec.outputs):
             raise ValueError(
                 f"a rotary op has one output per rotated input: inputs {self.rotates}, outputs "

@@ -91,7 +91,8 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
     required = [t for t in spec.inputs if not t.optional]
     optional = [t for t in spec.inputs if t.optional]
     incoming = [
-        Tensor(name=gradient_name(t.name), dims=t.dims, doc=f"the gradient of {t.name}") for t in spec.outputs
+        Tensor(name=gradient_name(t.name), dims=t.dims, dtype=t.dtype, doc=f"the gradient of {t.name}")
+        for t in spec.outputs
     ]
     return OpSpec(
         name=f"{spec.name}_backward",
@@ -105,6 +106,7 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
                     name=gradient_name(t.name),
                     dims=t.dims,
                     role="output",
+                    dtype=t.dtype,  # rounded once to its input's dtype
                     doc=f"the gradient of {t.name}",
                 )
                 for t in written

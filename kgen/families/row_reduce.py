@@ -25,6 +25,7 @@ from .base import (
     LaunchPlan,
     RowsFamily,
     Templates,
+    access_bytes_of,
     bucket_description,
     convention_code,
     element_value,
@@ -102,6 +103,11 @@ class RowReduce(Structure):
                 "structure.prologue: reads no '*rows ...' input (its values stand for the row's)"
             )
         values = set(row_values(spec))  # what the later passes read from the row
+        if stored := [t.name for t in spec.row_inputs if t.name in values and t.dtype == "float32"]:
+            raise ValueError(
+                f"{stored}: float32 row inputs the reductions read would be kept on chip in the I/O dtype; "
+                "read them in a prologue, or give them the I/O dtype"
+            )
         for i, red in enumerate(self.reductions):
             check_symbols(red.summand, values | known, f"structure.reductions.{i}.summand", False)
             check_symbols(red.finalize, known | {"row_sum"}, f"structure.reductions.{i}.finalize", False)
@@ -248,7 +254,11 @@ class RowReduceFamily(RowsFamily):
         for a vector configuration."""
         facts, elem = self.check_facts(profile), DTYPE_BYTES[dtype]
         vector = profile.max_access_bytes // elem
-        values, columns = len(row_values(spec)), len(spec.column_inputs)
+        # a float32 column input holds twice the registers of a 16-bit one
+        values, columns = (
+            len(row_values(spec)),
+            sum(access_bytes_of(t, elem, 1) / elem for t in spec.column_inputs),
+        )
 
         def tuned(max_row_bytes):
             return tuning.threads(spec.name, dtype, max_row_bytes) if tuning else None
@@ -334,7 +344,7 @@ class RowReduceFamily(RowsFamily):
                     "one read, one write"
                 )
                 storage = "registers"
-                held = (row_values + column_inputs) * accesses * access_bytes
+                held = int((row_values + column_inputs) * accesses * access_bytes)
                 columns = column_inputs > 0 and held <= budget
                 if column_inputs:
                     reasons["columns"] = (

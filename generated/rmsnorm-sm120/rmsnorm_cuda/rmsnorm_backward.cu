@@ -200,6 +200,9 @@ constexpr int kResidentPerSm = 768;  // profile planner.column_reduce.resident_t
 constexpr int64_t kResidentThreads = int64_t(170) * kResidentPerSm;  // the partition: × profile sm_count
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
 constexpr int kStagedInputs = 2;  // kStaged: every row input (the held ones, then those only the outputs read)
+// kStaged: the bytes of one staged access, the widest of the row inputs' (T)
+template <typename T, int ELEMS>
+constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
 constexpr int kSummedOutputs = 1;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
 constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
@@ -333,6 +336,20 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
   }
 }
 
+// kStaged: one access copied asynchronously into shared memory (cp.async moves 4, 8 or 16 bytes: a float32
+// access beside 16-bit T, 32 bytes, goes in 16-byte pieces).
+template <typename P>
+__device__ __forceinline__ void copy_async(unsigned char* dst, const P* src) {
+  if constexpr (sizeof(P) > 16) {
+    static_assert(sizeof(P) % 16 == 0, "an access wider than 16 bytes is copied in 16-byte pieces");
+#pragma unroll
+    for (int piece = 0; piece < int(sizeof(P) / 16); ++piece)
+      __pipeline_memcpy_async(dst + 16 * piece, reinterpret_cast<const unsigned char*>(src) + 16 * piece, 16);
+  } else {
+    __pipeline_memcpy_async(dst, src, sizeof(P));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel: a fixed grid of blocks, ROWS_PER_BLOCK row slots each of THREADS_PER_ROW threads. Slot s
 // of block b takes rows b * ROWS_PER_BLOCK + s, then every gridDim.x * ROWS_PER_BLOCK rows after. Per
@@ -386,14 +403,14 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
   // shared-memory buffer `buffer`; a thread reads back only what it copied, so no barrier is needed.
   extern __shared__ __align__(16) unsigned char staged_rows[];
   auto stage = [&](int buffer, int input, int k) {
-    return reinterpret_cast<Access*>(staged_rows) + ((buffer * kStagedInputs + input) * kCached + k) * kBlock + threadIdx.x;
+    return staged_rows + (((buffer * kStagedInputs + input) * kCached + k) * kBlock + threadIdx.x) * kSlotBytes<T, ELEMS>;
   };
   auto stage_row = [&](int64_t first, int buffer) {
     if (first + slot < batch_rows) {
       const int64_t row = base + first + slot;
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-        __pipeline_memcpy_async(stage(buffer, 0, k), x_row_at(row) + i, sizeof(Access));
-        __pipeline_memcpy_async(stage(buffer, 1, k), grad_out_row_at(row) + i, sizeof(Access));
+        copy_async(stage(buffer, 0, k), x_row_at(row) + i);
+        copy_async(stage(buffer, 1, k), grad_out_row_at(row) + i);
       });
     }
     __pipeline_commit();
@@ -441,8 +458,8 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
       stage_row(first + stride, buffer ^ 1);  // the other buffer: read into registers by the previous row, and used
       __pipeline_wait_prior(1);               // every copy but the group just issued has landed
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-        x_regs[k] = *stage(buffer, 0, k);
-        grad_out_regs[k] = *stage(buffer, 1, k);
+        x_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 0, k));
+        grad_out_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 1, k));
       });
     }
 
@@ -549,17 +566,16 @@ cudaError_t launch_config(const RmsnormBackwardArgs& args, const Params& params,
   }
   auto* const kernel = &rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
   // kStaged: two buffers of every row input's accesses per thread
-  constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * sizeof(Pack<T, ELEMS>) : 0;
+  constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * kSlotBytes<T, ELEMS> : 0;
   if constexpr (kStagedBytes > kDefaultSharedBytes) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
     if (err != cudaSuccess) return err;
   }
   kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params);
   cudaError_t err = cudaGetLastError();
-  for (int c = 0; c < kSummedOutputs && err == cudaSuccess; ++c) {
-    if (outs[c] == nullptr) continue;
-    column_sum_kernel<T><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns))), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-        partials[c], slots, args.hidden, static_cast<T*>(outs[c]));
+  if (err == cudaSuccess && outs[0] != nullptr) {  // grad_weight
+    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns))), dim3(kSumColumns, kSumSlices), 0, stream>>>(
+        partials[0], slots, args.hidden, static_cast<T*>(outs[0]));
     err = cudaGetLastError();
   }
   return err;
