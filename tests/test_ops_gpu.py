@@ -194,10 +194,8 @@ def test_strided_and_misaligned_views(kernels_by_op, op, dtype, layout):
     spec = load_spec(op)
     gen = torch.Generator(device="cuda").manual_seed(7)
     inputs = [
-        LAYOUTS[layout](dtype, gen)
-        if t.per_row
-        else torch.randn(4096, generator=gen, device="cuda").to(dtype)
-        for t in spec.inputs
+        LAYOUTS[layout](own, gen) if t.per_row else torch.randn(4096, generator=gen, device="cuda").to(own)
+        for t, own in ((t, torch.float32 if t.dtype == "float32" else dtype) for t in spec.inputs)
     ]  # a packed input's halves are 2048 wide
     assert (inputs[0].data_ptr() % 16 != 0) == (layout == "misaligned")
     assert (inputs[0].stride(0) == 4104) == (layout == "row-strided")
@@ -209,7 +207,12 @@ def test_strided_and_misaligned_views(kernels_by_op, op, dtype, layout):
 def test_empty_input(kernels_by_op, op):
     spec = load_spec(op)
     inputs = [
-        torch.randn(tensor_shape(spec, t, (0, 4096)), device="cuda", dtype=torch.float16) for t in spec.inputs
+        torch.randn(
+            tensor_shape(spec, t, (0, 4096)),
+            device="cuda",
+            dtype=torch.float32 if t.dtype == "float32" else torch.float16,
+        )
+        for t in spec.inputs
     ]
     outs = kernels_by_op[op](*inputs)
     for out in (outs,) if isinstance(outs, torch.Tensor) else outs:
