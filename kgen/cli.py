@@ -365,8 +365,8 @@ def bench(
         Optional[str],
         typer.Option(
             "--e2e",
-            help="ltx, ltx-train, flux, qwen3 or qwen3-train: the whole model, eager and compiled, with and "
-            "without kgen",
+            help="ltx, ltx-train, flux, wan, qwen3 or qwen3-train: the whole model, eager and compiled, with "
+            "and without kgen",
         ),
     ] = None,
     backward: Annotated[
@@ -389,7 +389,7 @@ def bench(
         console.print(path.read_text())
         return
     if (op is None) == (not all_ops):
-        raise UsageError("name one op, pass --all, or --e2e ltx|ltx-train|flux|qwen3|qwen3-train")
+        raise UsageError("name one op, pass --all, or --e2e ltx|ltx-train|flux|wan|qwen3|qwen3-train")
     ops = [n for n in op_names() if not backward or has_backward(n)] if all_ops else [op]
     for i, name in enumerate(ops, 1):
         if all_ops:

@@ -143,13 +143,13 @@ def _environment_for(roots: tuple[str, ...]) -> jinja2.Environment:
     env.filters["ctype"] = CTYPES.__getitem__
     env.filters["aten"] = ATEN.__getitem__
     env.filters["elem"] = element_type
-    env.filters["access"] = lambda t: (
-        "Pack<float, ELEMS>" if t.dtype == "float32" else "Access"
-    )  # one access of t
-    # a vector access's alignment: kAccessBytes, or a float32 tensor's wider access beside a 16-bit T
-    env.filters["access_align"] = lambda t: (
-        "alignof(Pack<float, kVector>)" if t.dtype == "float32" else "kAccessBytes"
-    )
+    # one access of a tensor, and its alignment: a float32 tensor's is wider beside a 16-bit T
+    wide = {
+        "access": ("Access", "Pack<float, ELEMS>"),
+        "access_align": ("kAccessBytes", "alignof(Pack<float, kVector>)"),
+    }
+    for name, (io, float32) in wide.items():
+        env.filters[name] = lambda t, io=io, float32=float32: float32 if t.dtype == "float32" else io
     env.filters["smoke_tolerance"] = SMOKE_TOLERANCE.__getitem__
     return env
 

@@ -54,6 +54,24 @@ def fit_axis_dims(spec, hidden: int, params: list) -> list:
     return [widths.get(p.name, v) for p, v in zip(spec.params, params)]
 
 
+def assert_grads_close(got: dict, eager: dict, truth: dict) -> None:
+    """A patched model's parameter gradients (``got``) as close to the fp32 model's (``truth``) as the
+    library's own in bf16 (``eager``): relative error at most 1.5× its (+ 1e-3), largest error at most 4× its
+    (+ 1e-3 of the largest gradient); finite everywhere."""
+    for name, want in truth.items():
+        assert torch.isfinite(got[name]).all(), name
+        eager_rel, kgen_rel = (
+            (g - want).norm().item() / max(want.norm().item(), 1e-30) for g in (eager[name], got[name])
+        )
+        eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
+        assert (
+            kgen_rel <= 1.5 * eager_rel + 1e-3 and kgen_err <= 4 * eager_err + 1e-3 * want.abs().max().item()
+        ), (
+            f"{name}: kgen {kgen_rel:.4g} ({kgen_err:.4g}) vs the library {eager_rel:.4g} ({eager_err:.4g}) "
+            "from fp32"
+        )
+
+
 REQUIRE_TOOLCHAIN = os.environ.get("KGEN_REQUIRE_TOOLCHAIN") == "1"
 
 

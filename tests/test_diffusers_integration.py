@@ -182,7 +182,10 @@ def test_ltx_video_without_interpolation_scale(served_ops, build_root):
 
 
 def test_a_model_it_does_not_know_is_refused(served_ops, build_root):
-    with pytest.raises(KgenError, match="LTXVideoTransformer3DModel and FluxTransformer2DModel, not Linear"):
+    with pytest.raises(
+        KgenError,
+        match="LTXVideoTransformer3DModel, FluxTransformer2DModel and WanTransformer3DModel, not Linear",
+    ):
         patch(torch.nn.Linear(2, 2), arch=served_ops[0], root=build_root)
     model = model_of(SMALL)
     model.transformer_blocks[1].norm2 = torch.nn.LayerNorm(64)

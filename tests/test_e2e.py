@@ -16,6 +16,7 @@ from kgen.errors import KgenError  # noqa: E402
 from kgen.integrations import diffusers as kgen_diffusers  # noqa: E402
 from kgen.integrations import flux as kgen_flux  # noqa: E402
 from kgen.integrations import transformers as kgen_transformers
+from kgen.integrations import wan as kgen_wan  # noqa: E402
 from kgen.integrations.e2e import run_e2e, write  # noqa: E402
 
 pytestmark = pytest.mark.toolchain
@@ -48,13 +49,24 @@ SMALL = {
         num_layers=1,
         num_single_layers=1,
     ),
+    "wan": dict(
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+    ),
 }
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
-@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux"])
+@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux", "wan"])
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
-    calls = reference_kernels(kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS)
+    ops = kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS
+    calls = reference_kernels(ops + (kgen_wan.OPS if target == "wan" else ()))
     before = calls.copy()
     result = run_e2e(
         target,
@@ -82,6 +94,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
             "qwen3-train": ["Qwen3 training step, 2 layers, 2×32 tokens"],
             "ltx-train": ["LTX-Video training step, 2 blocks, B=2, S=24 (2×3×4)"],
             "flux": ["Flux.1 forward, B=1, 9 image + 5 text tokens"],
+            "wan": ["Wan forward, B=1, 2×4×4 latents (8 tokens), 5 text tokens"],
         }[target]
     )
     for row in result["rows"]:
@@ -95,6 +108,6 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
 
 
 def test_unknown_target_is_refused():
-    targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train'\]"
+    targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan'\]"
     with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):
         run_e2e("llama", device="cpu")

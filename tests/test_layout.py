@@ -100,17 +100,25 @@ ALLOWED = {
     # the models' side: they build and load projects, nothing in kgen imports them but the CLI's --e2e
     "integrations.__init__": set(),
     "integrations.transformers": {"builder", "catalog", "errors"},
-    "integrations.diffusers": {"builder", "errors", "integrations.flux"},
-    "integrations.flux": {"errors"},
+    "integrations.diffusers": {
+        "builder",
+        "errors",
+        "integrations._diffusers_common",
+        "integrations.flux",
+        "integrations.wan",
+    },
+    "integrations._diffusers_common": {"errors"},
+    "integrations.flux": {"errors", "integrations._diffusers_common"},
+    "integrations.wan": {"errors", "integrations._diffusers_common"},
     "integrations.workloads": {"integrations.diffusion", "integrations.transformers"},
-    "integrations.diffusion": {"integrations.diffusers"},
+    "integrations.diffusion": {"integrations.diffusers", "integrations.wan"},
     "integrations.e2e": {"errors", "integrations.workloads"},
 }
 
 # Lines per module, with room to grow: a module that outgrows its size should be split, not packed denser.
 SIZES = {
     "families/row_reduce.py": 700,
-    "families/base.py": 380,
+    "families/base.py": 390,
     "families/rotary.py": 480,
     "families/rotary_grid.py": 200,
     "families/column_reduce.py": 600,
@@ -121,7 +129,7 @@ SIZES = {
     "bench.py": 420,
     "bench_report.py": 200,
     "cli.py": 480,
-    "render.py": 430,
+    "render.py": 440,
     "builder.py": 360,
     "catalog.py": 280,
     "tune.py": 230,
@@ -134,9 +142,11 @@ SIZES = {
     "errors.py": 40,
     "integrations/diffusers.py": 340,
     "integrations/flux.py": 300,
+    "integrations/wan.py": 340,
+    "integrations/_diffusers_common.py": 80,
     "integrations/e2e.py": 200,
     "integrations/workloads.py": 180,
-    "integrations/diffusion.py": 120,
+    "integrations/diffusion.py": 180,
     "integrations/transformers.py": 130,
 }
 

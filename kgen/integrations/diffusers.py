@@ -1,4 +1,6 @@
-"""Runs a diffusers LTX-Video transformer (`LTXVideoTransformer3DModel`) on kgen's kernels.
+"""Runs a diffusers LTX-Video transformer (`LTXVideoTransformer3DModel`) on kgen's kernels; `patch` also
+takes a Flux.1 (`FluxTransformer2DModel`, kgen.integrations.flux) or a Wan 2.x transformer
+(`WanTransformer3DModel`, kgen.integrations.wan) and hands it to that module.
 
 In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm, and from the second block on,
 fused with the residual add that ends the block before (`+ ff · gate`: a block hands the next one a
@@ -25,7 +27,8 @@ from typing import Any, Callable, NamedTuple
 
 from ..builder import build_op, device_arch, load
 from ..errors import KgenError
-from . import flux
+from . import flux, wan
+from ._diffusers_common import Pending, gelu_forward, refuse_hooks, rms_forward
 
 OPS = (
     "adaln_rmsnorm",
@@ -52,14 +55,6 @@ class LatentGrid(NamedTuple):
     coords: Any = None  # video_coords [B, 3, S], when the caller gave them
 
 
-class Pending(NamedTuple):
-    """A block's output whose last residual add (hidden + ff · gate) the next norm does, in the same pass."""
-
-    hidden: Any
-    ff: Any
-    gate: Any
-
-
 def patch(
     model,
     *,
@@ -71,12 +66,14 @@ def patch(
     finds); returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not
     know. A patched block returns a `Pending` residual add for the next block or norm_out: call the model,
     not a block. The patched model trains too (every op's backward is derived from its spec). A
-    FluxTransformer2DModel is patched by `kgen.integrations.flux`."""
-    if type(model).__name__ == flux.MODEL:
-        flux.check(model)
-        return flux.apply(
-            model, {op: load(build_op(op, arch or device_arch(), root, step)) for op in flux.OPS}
-        )
+    FluxTransformer2DModel is patched by `kgen.integrations.flux`, a WanTransformer3DModel by
+    `kgen.integrations.wan` (each checked before its ops are built)."""
+    for served in (flux, wan):
+        if type(model).__name__ == served.MODEL:
+            served.check(model)
+            return served.apply(
+                model, {op: load(build_op(op, arch or device_arch(), root, step)) for op in served.OPS}
+            )
     _check(model)
     kernels = {op: load(build_op(op, arch or device_arch(), root, step)) for op in OPS}
     model.rope.forward = MethodType(_latent_grid, model.rope)
@@ -89,7 +86,7 @@ def patch(
             attn.set_processor(_Attention(kernels, attn.processor))
         for module in block.ff.modules():
             if type(module).__name__ == "GELU" and module.approximate == "tanh":
-                module.forward = MethodType(_gelu_forward(kernels["gelu_tanh"]), module)
+                module.forward = MethodType(gelu_forward(kernels["gelu_tanh"], project=True), module)
                 done["gelu_tanh"] += 1
         done["attentions"] += 2
     return done
@@ -115,14 +112,10 @@ def _check(model) -> None:
     name = type(model).__name__
     if name != "LTXVideoTransformer3DModel":
         raise KgenError(
-            "kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel and "
-            f"{flux.MODEL}, not {name}"
+            "kgen.integrations.diffusers patches diffusers' LTXVideoTransformer3DModel, "
+            f"{flux.MODEL} and {wan.MODEL}, not {name}"
         )
-    if any(hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook") for m in model.modules()):
-        raise KgenError(
-            "LTXVideoTransformer3DModel: patch it before enable_model_cpu_offload (or any accelerate or "
-            "diffusers hook: offloading, caching), whose hooks wrap the forwards the patch replaces"
-        )
+    refuse_hooks(model, "LTXVideoTransformer3DModel")
     norm = model.norm_out
     if type(norm).__name__ != "LayerNorm" or norm.weight is not None or norm.bias is not None:
         raise KgenError(
@@ -183,11 +176,8 @@ def _rotate(kernels, query, key, grid: LatentGrid):
 
 
 def _rms(kernels, norm, x):
-    """torch.nn.RMSNorm's numerics (one rounding); its eps of None is the dtype's epsilon, as torch's."""
-    import torch
-
-    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-    return kernels["rmsnorm"].rmsnorm(x, norm.weight, eps)
+    """``norm`` (a torch.nn.RMSNorm) of x on kgen's rmsnorm, as the patched q/k norms of Flux and Wan run."""
+    return rms_forward(kernels["rmsnorm"].rmsnorm)(norm, x)
 
 
 class _Attention:
@@ -296,12 +286,5 @@ def _final_norm(kernel):
         x, ff, gate = hidden_states
         zeros = x.new_zeros(x.shape[0], 1, x.shape[-1])
         return kernel.residual_adaln_layernorm(x, ff, zeros, zeros, gate, self.eps, convention="diffusers")[0]
-
-    return forward
-
-
-def _gelu_forward(kernel):
-    def forward(self, hidden_states):
-        return kernel.gelu_tanh(self.proj(hidden_states))
 
     return forward

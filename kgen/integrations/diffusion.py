@@ -1,4 +1,4 @@
-"""The diffusion transformers `kgen bench --e2e` times (ltx, ltx-train, flux: described in
+"""The diffusion transformers `kgen bench --e2e` times (ltx, ltx-train, flux, wan: described in
 kgen.integrations.workloads), each builder returning the untimed models ({variant: model}, the kgen one a
 deep copy of the eager one, patched) and the workloads ({name: fn(model)}). Random weights, bf16."""
 
@@ -7,6 +7,26 @@ from __future__ import annotations
 import copy
 
 from .diffusers import patch
+from .wan import cast_as_from_pretrained
+
+WAN = {  # Wan 2.1's text-to-video transformers (in and out 16 channels, patch (1, 2, 2): the defaults)
+    "Wan 2.1 1.3B": dict(
+        num_attention_heads=12,
+        attention_head_dim=128,
+        ffn_dim=8960,
+        text_dim=4096,
+        freq_dim=256,
+        num_layers=30,
+    ),
+    "Wan 2.1 14B, 2 blocks": dict(
+        num_attention_heads=40,
+        attention_head_dim=128,
+        ffn_dim=13824,
+        text_dim=4096,
+        freq_dim=256,
+        num_layers=2,
+    ),
+}
 
 
 def ltx(torch, device, config, patch_kwargs, steps, log):  # steps: the decode budget, for qwen3
@@ -69,6 +89,54 @@ def flux(torch, device, config, patch_kwargs, steps, log):
     )
     name = f"Flux.1 forward, B=1, {tokens} image + {text} text tokens"
     return {"eager": model, "eager + kgen": kgen}, {name: lambda m: m(**inputs)}
+
+
+def wan(torch, device, config, patch_kwargs, steps, log):
+    """Wan 2.1 1.3B (30 blocks) and 14B cut to 2 blocks, each variant's two models one module called by name.
+    bf16 with the modules Wan keeps in float32 as from_pretrained loads them."""
+    from diffusers import WanTransformer3DModel
+
+    configs = WAN if not config else {"Wan": config}
+    (frames, height, width), text = ((21, 60, 104), 512) if not config else ((2, 4, 4), 5)
+    variants, workloads = {"eager": {}, "eager + kgen": {}}, {}
+    for i, (label, cfg) in enumerate(configs.items()):
+        with torch.device(device):
+            model = cast_as_from_pretrained(WanTransformer3DModel(**cfg), torch.bfloat16).eval()
+        kgen = copy.deepcopy(model)
+        patch(kgen, **patch_kwargs)
+        key = f"model{i}"
+        variants["eager"][key], variants["eager + kgen"][key] = model, kgen
+        inputs = dict(
+            hidden_states=torch.randn(
+                1, model.config.in_channels, frames, height, width, device=device, dtype=torch.bfloat16
+            ),
+            timestep=torch.tensor([500.0], device=device),
+            encoder_hidden_states=torch.randn(
+                1, text, model.config.text_dim, device=device, dtype=torch.bfloat16
+            ),
+            return_dict=False,
+        )
+        p_t, p_h, p_w = model.config.patch_size
+        tokens = frames // p_t * (height // p_h) * (width // p_w)
+        name = (
+            f"{label} forward, B=1, {frames}×{height}×{width} latents ({tokens} tokens), {text} text tokens"
+        )
+        workloads[name] = lambda m, key=key, inputs=inputs: m(key, **inputs)
+    return {variant: _by_name(torch, models) for variant, models in variants.items()}, workloads
+
+
+def _by_name(torch, models: dict):
+    """``models`` as one module whose forward takes a model's name first (torch.compile wraps them all)."""
+
+    class Models(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.models = torch.nn.ModuleDict(models)
+
+        def forward(self, name, **inputs):
+            return self.models[name](**inputs)
+
+    return Models()
 
 
 def _ltx_inputs(torch, device, model, grid) -> dict:

@@ -22,6 +22,7 @@ from types import MethodType
 from typing import Any, NamedTuple
 
 from ..errors import KgenError
+from ._diffusers_common import gelu_forward, refuse_hooks, rms_forward
 
 OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh", "rope_flux")
 MODEL = "FluxTransformer2DModel"
@@ -70,13 +71,13 @@ def apply(model, kernels: dict) -> dict[str, int]:
         for norm in (block.norm1, block.norm1_context):
             norm.forward = MethodType(_zero_forward(adaln), norm)
         for ff in (block.ff, block.ff_context):
-            ff.net[0].forward = MethodType(_gelu_forward(kernels["gelu_tanh"], project=True), ff.net[0])
+            ff.net[0].forward = MethodType(gelu_forward(kernels["gelu_tanh"], project=True), ff.net[0])
         done["double_blocks"] += 1
         done["adaln_norms"] += 2
         done["gelu_tanh"] += 2
     for block in model.single_transformer_blocks:
         block.norm.forward = MethodType(_zero_forward(adaln), block.norm)
-        block.act_mlp.forward = MethodType(_gelu_forward(kernels["gelu_tanh"], project=False), block.act_mlp)
+        block.act_mlp.forward = MethodType(gelu_forward(kernels["gelu_tanh"], project=False), block.act_mlp)
         done["single_blocks"] += 1
         done["adaln_norms"] += 1
         done["gelu_tanh"] += 1
@@ -88,7 +89,7 @@ def apply(model, kernels: dict) -> dict[str, int]:
         done["attentions"] += 1
         for name in QK_NORMS:
             if (norm := getattr(attn, name, None)) is not None:
-                norm.forward = MethodType(_rms_forward(kernels["rmsnorm"].rmsnorm), norm)
+                norm.forward = MethodType(rms_forward(kernels["rmsnorm"].rmsnorm), norm)
                 done["qk_norms"] += 1
     model.norm_out.forward = MethodType(_continuous_forward(adaln), model.norm_out)
     done["adaln_norms"] += 1
@@ -97,11 +98,7 @@ def apply(model, kernels: dict) -> dict[str, int]:
 
 def check(model) -> None:
     """Refuses a model whose structure differs from what `apply` serves, before anything changes."""
-    if any(hasattr(m, "_hf_hook") or hasattr(m, "_diffusers_hook") for m in model.modules()):
-        raise KgenError(
-            f"{MODEL}: patch it before enable_model_cpu_offload (or any accelerate or diffusers hook: "
-            "offloading, caching), whose hooks wrap the forwards the patch replaces"
-        )
+    refuse_hooks(model, MODEL)
     found = type(model.pos_embed).__name__
     if found != "FluxPosEmbed" or len(model.pos_embed.axes_dim) != 3:
         raise KgenError(
@@ -218,25 +215,6 @@ def _double_forward(kernel):
         if encoder_hidden_states.dtype == torch.float16:
             encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
         return encoder_hidden_states, hidden_states
-
-    return forward
-
-
-def _rms_forward(rmsnorm):
-    def forward(self, x):
-        """torch.nn.RMSNorm's numerics (one rounding); its eps of None is the dtype's epsilon, as torch's."""
-        import torch
-
-        return rmsnorm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
-
-    return forward
-
-
-def _gelu_forward(kernel, project: bool):
-    """GELU(approximate="tanh"): diffusers' (a projection, then the activation) or torch's."""
-
-    def forward(self, hidden_states):
-        return kernel.gelu_tanh(self.proj(hidden_states) if project else hidden_states)
 
     return forward
 

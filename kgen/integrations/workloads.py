@@ -8,6 +8,9 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
   as for inference (every op runs with its derived backward).
 - flux: the Flux.1-dev transformer forward (19 double and 38 single blocks, guidance embedding) at B = 1, a
   1024×1024 image (64×64 = 4096 image tokens) and 512 text tokens.
+- wan: the Wan 2.1 text-to-video transformer forward, 1.3B (30 blocks) and 14B cut to 2 blocks, at B = 1, a
+  480p video of 81 frames (21×60×104 latents: 21×30×52 = 32760 tokens after the (1, 2, 2) patch), 512 text
+  tokens, a timestep per batch; bf16 with the modules Wan keeps in float32 (as from_pretrained loads it).
 - qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
   after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
   its whole length, so every step costs the same).
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import copy
 
-from .diffusion import flux, ltx, ltx_train
+from .diffusion import flux, ltx, ltx_train, wan
 from .transformers import kernelize
 
 QWEN3_8B = dict(
@@ -116,5 +119,12 @@ def _liger_qwen3(model):
     return model
 
 
-BUILDERS = {"ltx": ltx, "ltx-train": ltx_train, "flux": flux, "qwen3": qwen3, "qwen3-train": qwen3_train}
+BUILDERS = {
+    "ltx": ltx,
+    "ltx-train": ltx_train,
+    "flux": flux,
+    "wan": wan,
+    "qwen3": qwen3,
+    "qwen3-train": qwen3_train,
+}
 TRAINING = {"ltx-train", "qwen3-train"}
