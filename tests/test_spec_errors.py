@@ -445,6 +445,29 @@ STRUCTURE_CASES = [
         },
         "structure.prologue: reads no '*rows ...' input",
     ),
+    (  # a row the reductions read is kept on chip in the I/O dtype: a float32 one would be rounded
+        {
+            "tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="h", dims="*rows hidden", '
+            'dtype="float32"), Tensor(name="out", dims="*rows hidden", role="output")]',
+            "structure": 'RowReduce(reductions=[Reduction(stat="s", summand=x + h, '
+            'finalize=sp.Symbol("row_sum"))], conventions=[Convention(name="plain", matches="-", '
+            'outputs={"out": x * sp.Symbol("s")})])',
+        },
+        "['h']: float32 row inputs the reductions read would be kept on chip in the I/O dtype",
+    ),
+    (
+        {
+            "tensors": '[Tensor(name="x", dims="*rows hidden"), Tensor(name="h", dims="*rows hidden", '
+            'dtype="float32"), Tensor(name="out", dims="*rows hidden", role="output")]',
+            "structure": 'Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": '
+            "x * h})])",
+        },
+        "an elementwise op's tensors all have the I/O dtype",
+    ),
+    (
+        {"tensors": TABLES.replace('role="output")', 'role="output", dtype="float32")')},
+        "a rotary op's outputs have the I/O dtype",
+    ),
 ]
 
 

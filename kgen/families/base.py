@@ -265,10 +265,13 @@ def convention_code(
 
 
 def vector_notes(
-    plan_dtype: str, vector_elems: int, elem_bytes: int, tensors: str, what: str
+    plan_dtype: str, vector_elems: int, elem_bytes: int, tensors: str, what: str, wide: list[str] = ()
 ) -> dict[str, str]:
-    """The vector path's note; ``tensors`` says which must be aligned, with its verb ("x, out are")."""
+    """The vector path's note; ``tensors`` says which must be aligned, with its verb ("x, out are"); ``wide``
+    names the float32 tensors, whose accesses are wider beside a 16-bit dtype."""
     vector_bytes = vector_elems * elem_bytes
+    if wide and elem_bytes < 4:
+        what += f" (float32 {', '.join(wide)}: {4 * vector_elems}-byte accesses and alignment)"
     return {
         "vector path": f"{vector_bytes}-byte accesses ({vector_elems} × {plan_dtype}) when {tensors} "
         f"{vector_bytes}-byte aligned and hidden and strides are multiples of {vector_elems}"

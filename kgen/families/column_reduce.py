@@ -271,7 +271,10 @@ class ColumnReduceFamily(RowsFamily):
             if resident < facts.resident_threads_per_sm
             else ""
         )
-        notes = vector_notes(dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "") | {
+        wide = [t.name for t in spec.tensors if t.dtype == "float32"]
+        notes = vector_notes(
+            dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "", wide
+        ) | {
             "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
             "partition": f"at most {resident} threads per SM × {profile.sm_count} SMs of blocks (profile "
             f"planner.column_reduce.resident_threads_per_sm{halved}), each summing a fixed set of "

@@ -270,7 +270,10 @@ class RowReduceFamily(RowsFamily):
             facts.threads_per_row[-1].threads * facts.row_register_bytes_per_thread,
             profile.max_shared_memory_per_block - _SCRATCH_BYTES,
         )
-        notes = vector_notes(dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "") | {
+        wide = [t.name for t in spec.tensors if t.dtype == "float32"]
+        notes = vector_notes(
+            dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "", wide
+        ) | {
             "scalar path": "otherwise one element per access, the row re-read from L2 instead of cached: "
             "correct for any alignment and any hidden size",
             "clusters": (
