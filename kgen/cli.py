@@ -373,6 +373,12 @@ def bench(
         bool,
         typer.Option("--backward", help="time the backward alone and forward + backward under autograd"),
     ] = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile", help="with --e2e: add each variant's kernel table (one call under torch.profiler)"
+        ),
+    ] = False,
 ) -> None:
     """Time the kgen kernel against the op's peers (eager, PyTorch's fused op, Liger) and torch.compile on
     this GPU."""
@@ -383,7 +389,14 @@ def bench(
         from .integrations.e2e import run_e2e, write
 
         path = write(
-            run_e2e(e2e, rounds=rounds, repeats=min(repeats, 20), build_root=build_dir, log=console.print),
+            run_e2e(
+                e2e,
+                rounds=rounds,
+                repeats=min(repeats, 20),
+                build_root=build_dir,
+                profile=profile,
+                log=console.print,
+            ),
             out,
         )
         console.print(path.read_text())

@@ -17,7 +17,7 @@ from kgen.integrations import diffusers as kgen_diffusers  # noqa: E402
 from kgen.integrations import flux as kgen_flux  # noqa: E402
 from kgen.integrations import transformers as kgen_transformers
 from kgen.integrations import wan as kgen_wan  # noqa: E402
-from kgen.integrations.e2e import run_e2e, write  # noqa: E402
+from kgen.integrations.e2e import markdown, run_e2e, write  # noqa: E402
 
 pytestmark = pytest.mark.toolchain
 SMALL = {
@@ -111,3 +111,31 @@ def test_unknown_target_is_refused():
     targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan'\]"
     with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):
         run_e2e("llama", device="cpu")
+
+
+def test_profile_table_splits_matmul_from_the_rest():
+    """The --profile report: per variant the matmul + attention time against the rest, and the costliest of
+    the rest (names as the profiler gives them; the GPU run fills them, this checks the report of them)."""
+    kernels = [
+        ["nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 4, 900.0],
+        ["void pytorch_flash::flash_fwd_kernel<...>", 2, 500.0],
+        ["rmsnorm_kernel<__nv_bfloat16>", 8, 120.0],
+        ["triton_poi_fused_add_mul_0", 3, 80.0],
+    ]
+    table = {"matmul us": 1400.0, "other us": 200.0, "kernels": kernels}
+    result = {
+        "target": "wan",
+        "device": "H200",
+        "torch": "2",
+        "date": "2026-12-02",
+        "rounds": 1,
+        "repeats": 1,
+        "goals": {},
+        "rows": [{"workload": "w", "eager ms": 2.0, "profile": {"eager": table}}],
+    }
+    text = markdown(result)
+    assert "| eager | 1.40 | 0.20 | 17 |" in text
+    rest = text.split("costliest kernels other than matmul and attention")[1]
+    assert "nvjet" not in rest and "flash" not in rest
+    assert rest.index("rmsnorm_kernel") < rest.index("triton_poi_fused_add_mul_0")
+    assert "| `rmsnorm_kernel<__nv_bfloat16>` | 8 | 0.120 |" in rest

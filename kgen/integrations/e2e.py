@@ -3,12 +3,15 @@
 where a training workload has it), on one set of random weights, median of the rounds' medians, the variants
 interleaved within a round. A training workload also reports each variant's peak memory of one step: the most
 allocated above what was allocated when the step began, its gradients freed (activations, gradients and
-workspaces; the weights excluded)."""
+workspaces; the weights excluded). With ``profile``, one more call of each variant runs under torch.profiler
+and the report adds its kernel table: GPU time in matrix products and attention against everything else (the
+memory-bound kernels kgen competes with), and the costliest of the latter."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -18,6 +21,9 @@ from ..errors import KgenError
 from .workloads import BUILDERS, TRAINING
 
 WARMUP = 3
+PROFILE_TOP = 12  # memory-bound kernels listed per variant
+# kernels that are matrix products or attention (cuBLAS, CUTLASS, flash / memory-efficient attention)
+MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|flash|fmha|attention|sdpa|cudnn", re.IGNORECASE)
 VARIANTS = ("eager", "eager + kgen", "torch.compile", "torch.compile + kgen", "Liger")
 # variant: (the variant it is compared with, the goal of their ratio of times)
 GOALS = {"eager + kgen": ("eager", 1.10), "torch.compile + kgen": ("torch.compile", 1.03)}
@@ -60,6 +66,27 @@ def _peak_gib(torch, model, fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def _kernel_table(torch, fn: Callable[[], object], grad: bool) -> dict:
+    """One call of ``fn`` under torch.profiler: {"matmul us", "other us", "kernels": [[name, calls, us], ...]}
+    (every kernel, copy and memset, costliest first; "matmul us" sums those MATMUL names)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.set_grad_enabled(grad):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    kernels: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False):
+            entry = kernels.setdefault(e.name, [e.name, 0, 0.0])
+            entry[1] += 1
+            entry[2] += e.device_time
+    table = sorted(kernels.values(), key=lambda k: -k[2])
+    matmul = sum(us for name, _, us in table if MATMUL.search(name))
+    return {"matmul us": matmul, "other us": sum(us for _, _, us in table) - matmul, "kernels": table}
+
+
 def run_e2e(
     target: str,
     *,
@@ -70,11 +97,13 @@ def run_e2e(
     variants: tuple[str, ...] = VARIANTS,
     build_root: Path = Path("build/bench"),
     arch: str | None = None,
+    profile: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
     """{"target", "device", "torch", "rows": [{"workload", "<variant> ms", ...}]}. ``config`` replaces the
     real model's (a small model for tests). A variant the target has no model for (Liger where it is not
-    installed or has no patch for the model) is left out, with a line in the log."""
+    installed or has no patch for the model) is left out, with a line in the log. ``profile`` (a GPU only)
+    adds each row's "profile": {variant: _kernel_table}."""
     import torch
 
     if target not in BUILDERS:
@@ -109,6 +138,10 @@ def run_e2e(
                 with torch.enable_grad():
                     step = functools.partial(run, models[variant])
                     row[f"{variant} peak GiB"] = _peak_gib(torch, models[variant], step)
+        if profile and device == "cuda":
+            row["profile"] = {
+                v: _kernel_table(torch, functools.partial(run, models[v]), training) for v in variants
+            }
         rows.append(row)
     name = torch.cuda.get_device_name() if device == "cuda" else device
     return {
@@ -149,7 +182,29 @@ def markdown(result: dict) -> str:
             *(f"{row[f'{v} peak GiB']:.2f}" for v in peaks),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    for row in result["rows"]:
+        if "profile" in row:
+            lines += _profile_markdown(row["workload"], row["profile"])
     return "\n".join(lines) + "\n"
+
+
+def _profile_markdown(workload: str, tables: dict) -> list[str]:
+    lines = [
+        "",
+        f"Kernel time of one call, {workload} (torch.profiler):",
+        "",
+        "| variant | matmul + attention ms | other ms | kernels |",
+        "|---|---|---|---|",
+    ]
+    for variant, t in tables.items():
+        calls = sum(c for _, c, _ in t["kernels"])
+        lines.append(f"| {variant} | {t['matmul us'] / 1e3:.2f} | {t['other us'] / 1e3:.2f} | {calls} |")
+    for variant, t in tables.items():
+        lines += ["", f"{variant}: costliest kernels other than matmul and attention", ""]
+        lines += ["| kernel | calls | ms |", "|---|---|---|"]
+        others = [k for k in t["kernels"] if not MATMUL.search(k[0])][:PROFILE_TOP]
+        lines += [f"| `{name[:110]}` | {calls} | {us / 1e3:.3f} |" for name, calls, us in others]
+    return lines
 
 
 def write(result: dict, out: Path) -> Path:
