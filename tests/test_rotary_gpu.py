@@ -375,6 +375,42 @@ def test_opcheck_and_compile(built, ops, op):
 
 
 @pytest.mark.parametrize("op", ROTARY)
+def test_outputs_keep_a_dense_input_layout(built, ops, op):
+    """Rotated tensors that are dense views with a unit last stride ([B, H, S, D] views of [B, S, H, D] heads)
+    come back in that memory, so the attention after them copies nothing; a view that is not dense (a slice of
+    a wider last dim) comes back contiguous. Values as from contiguous inputs, and the fake kernel's strides
+    are the real ones."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec = load_spec(op)
+    overload = getattr(built(op)[1]._ops.ops, op)
+    inputs, params = valid_inputs(op, usable_dtype(), torch.Generator(device="cuda").manual_seed(3))
+    rotated = [t.name in spec.structure.rotates for t in spec.inputs]
+
+    def swap(t):  # dims 1 and 2 of [B, H, S, D] (0 and 1 of [B, S, C]) swapped in memory, not in shape
+        return t.transpose(1, 2) if t.dim() == 4 else t.transpose(0, 1)
+
+    def outputs(fn, args):
+        outs = fn(*args, *params)
+        return outs if isinstance(outs, tuple) else (outs,)
+
+    want = outputs(ops[op], inputs)
+    dense = [swap(swap(t).contiguous()) if r else t for t, r in zip(inputs, rotated)]
+    sliced = [torch.cat([t, t], dim=-1)[..., : t.shape[-1]] if r else t for t, r in zip(inputs, rotated)]
+    for args, layout in ((dense, "dense"), (sliced, "sliced")):
+        views = [t for t, r in zip(args, rotated) if r]
+        assert all(not t.is_contiguous() for t in views)
+        got = outputs(ops[op], args)
+        with FakeTensorMode() as mode:
+            fake = outputs(overload, [mode.from_tensor(t) for t in args])
+        for g, w, f, x in zip(got, want, fake, views):
+            assert torch.equal(g, w), layout
+            strides = x.stride() if layout == "dense" else w.contiguous().stride()
+            assert g.stride() == strides and f.stride() == strides, layout
+    torch.library.opcheck(overload, (*dense, *params))
+
+
+@pytest.mark.parametrize("op", ROTARY)
 def test_empty_input(ops, op):
     spec = load_spec(op)
     shape = (0, 1, 64) if spec.structure.grid else (2, 0, 64)  # grid ops: no batch on a 1·1·1 grid

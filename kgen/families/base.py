@@ -116,6 +116,7 @@ class Templates:
     binding: str  # <op>_forward in torch_binding.cpp: argument checks, views, the launch
     fake: str  # the checks of the Python fake (meta) kernel
     inputs: str  # CARD.md's "Inputs" section
+    fake_helpers: str | None = None  # module-level helpers of the Python fake kernels, if the family has any
 
 
 @dataclass(frozen=True)

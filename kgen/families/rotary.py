@@ -151,6 +151,7 @@ class RotaryFamily(Family):
         binding="rotary/binding.cpp.j2",
         fake="rotary/fake.py.j2",
         inputs="rotary/inputs.md.j2",
+        fake_helpers="rotary/fake_helpers.py.j2",
     )
 
     def plan(self, spec: OpSpec, profile: ArchProfile, dtype: str, tuning: TuningTable | None) -> RotaryPlan:
@@ -364,8 +365,7 @@ class RotaryFamily(Family):
             },
         )
         grid = structure.grid.code(names) if structure.grid is not None else None
-        lead = spec.lead.name
-        fake = [f"torch.empty({t.name}.shape, dtype={lead}.dtype, device={lead}.device)" for t in rotated]
+        fake = [f"_output_like({t.name})" for t in rotated]
         return RotaryContext(
             conventions=conventions,
             templates=self.templates,

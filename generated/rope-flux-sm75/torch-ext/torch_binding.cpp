@@ -105,6 +105,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 std::tuple<torch::Tensor, torch::Tensor> run_rope_flux(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, kgen_rope_flux::Convention convention, const char* op) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, op, ": x must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -141,8 +150,8 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_flux(const torch::Tensor& x, c
                     std::to_string(tokens), "], got ", shape_str(positions.sizes()));
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
-  torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  torch::Tensor k_out = torch::empty(k.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor out = output_like(x);
+  torch::Tensor k_out = output_like(k);
   if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
 
   kgen_rope_flux::RopeFluxArgs args{};
@@ -333,6 +342,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 std::tuple<torch::Tensor, torch::Tensor> run_rope_flux_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, kgen_rope_flux_backward::Convention convention, const char* op) {
   check_device(grad_out, op, "grad_out", grad_out);
   TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -369,8 +387,8 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_flux_backward(const torch::Ten
                     std::to_string(tokens), "], got ", shape_str(positions.sizes()));
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
-  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
-  torch::Tensor grad_k = torch::empty(grad_k_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_x = output_like(grad_out);
+  torch::Tensor grad_k = output_like(grad_k_out);
   if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
 
   kgen_rope_flux_backward::RopeFluxBackwardArgs args{};

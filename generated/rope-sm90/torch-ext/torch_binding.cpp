@@ -106,6 +106,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 std::tuple<torch::Tensor, torch::Tensor> run_rope(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin, kgen_rope::Convention convention, const char* op, bool inplace) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, op, ": x must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -150,11 +159,11 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope(const torch::Tensor& x, const 
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = inplace ? x
-      : torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+      : output_like(x);
   TORCH_CHECK_VALUE(!inplace || x.stride(-1) == 1, op, ": x is rotated in place, so its last dim ",
                     "must have unit stride (a copy would lose the update)");
   torch::Tensor k_out = inplace ? k
-      : torch::empty(k.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+      : output_like(k);
   TORCH_CHECK_VALUE(!inplace || k.stride(-1) == 1, op, ": k is rotated in place, so its last dim ",
                     "must have unit stride (a copy would lose the update)");
   if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
@@ -383,6 +392,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 std::tuple<torch::Tensor, torch::Tensor> run_rope_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& cos, const torch::Tensor& sin, kgen_rope_backward::Convention convention, const char* op) {
   check_device(grad_out, op, "grad_out", grad_out);
   TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -426,8 +444,8 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_backward(const torch::Tensor& 
 
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
-  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
-  torch::Tensor grad_k = torch::empty(grad_k_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_x = output_like(grad_out);
+  torch::Tensor grad_k = output_like(grad_k_out);
   if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
 
   kgen_rope_backward::RopeBackwardArgs args{};

@@ -106,6 +106,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 torch::Tensor run_rope3d_coords(const torch::Tensor& x, const torch::Tensor& coords, double theta, double base_frames, double base_height, double base_width, kgen_rope3d_coords::Convention convention, const char* op) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, op, ": x must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -137,7 +146,7 @@ torch::Tensor run_rope3d_coords(const torch::Tensor& x, const torch::Tensor& coo
                     std::to_string(tokens), "], got ", shape_str(coords.sizes()));
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
-  torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor out = output_like(x);
   if (x.numel() == 0) return out;
 
   kgen_rope3d_coords::Rope3DCoordsArgs args{};
@@ -315,6 +324,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 torch::Tensor run_rope3d_coords_backward(const torch::Tensor& grad_out, const torch::Tensor& coords, double theta, double base_frames, double base_height, double base_width, kgen_rope3d_coords_backward::Convention convention, const char* op) {
   check_device(grad_out, op, "grad_out", grad_out);
   TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -346,7 +364,7 @@ torch::Tensor run_rope3d_coords_backward(const torch::Tensor& grad_out, const to
                     std::to_string(tokens), "], got ", shape_str(coords.sizes()));
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
-  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_x = output_like(grad_out);
   if (grad_out.numel() == 0) return grad_x;
 
   kgen_rope3d_coords_backward::Rope3DCoordsBackwardArgs args{};

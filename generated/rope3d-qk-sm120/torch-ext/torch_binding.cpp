@@ -106,6 +106,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 std::tuple<torch::Tensor, torch::Tensor> run_rope3d_qk(const torch::Tensor& x, const torch::Tensor& k, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch, kgen_rope3d_qk::Convention convention, const char* op) {
   check_device(x, op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, op, ": x must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -160,8 +169,8 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope3d_qk(const torch::Tensor& x, c
                     "frames·height·width = ", std::to_string(frames), "·", std::to_string(height), "·", std::to_string(width));
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
-  torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  torch::Tensor k_out = torch::empty(k.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor out = output_like(x);
+  torch::Tensor k_out = output_like(k);
   if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
 
   kgen_rope3d_qk::Rope3DQkArgs args{};
@@ -363,6 +372,15 @@ torch::Tensor as_bhtd(const torch::Tensor& t) {
   return v.stride(3) == 1 ? v : v.contiguous();
 }
 
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 std::tuple<torch::Tensor, torch::Tensor> run_rope3d_qk_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch, kgen_rope3d_qk_backward::Convention convention, const char* op) {
   check_device(grad_out, op, "grad_out", grad_out);
   TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
@@ -417,8 +435,8 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope3d_qk_backward(const torch::Ten
                     "frames·height·width = ", std::to_string(frames), "·", std::to_string(height), "·", std::to_string(width));
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
-  torch::Tensor grad_x = torch::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
-  torch::Tensor grad_k = torch::empty(grad_k_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::Contiguous));
+  torch::Tensor grad_x = output_like(grad_out);
+  torch::Tensor grad_k = output_like(grad_k_out);
   if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
 
   kgen_rope3d_qk_backward::Rope3DQkBackwardArgs args{};

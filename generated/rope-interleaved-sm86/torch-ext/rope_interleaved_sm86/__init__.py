@@ -48,6 +48,18 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _output_like(t: torch.Tensor) -> torch.Tensor:
+    """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
+    non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
+    a unit last stride, else contiguous."""
+    covered, dense = 1, True
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n >= 2):
+        dense, covered = dense and stride == covered, covered * size
+    if t.stride(-1) == 1 and dense:
+        return t.new_empty_strided(t.shape, t.stride())
+    return t.new_empty(t.shape)
+
+
 def _rope_interleaved_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_interleaved."""
     torch._check(x.dim() >= 1, lambda: "rope_interleaved: x must have at least one dim")
@@ -57,7 +69,7 @@ def _rope_interleaved_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, 
     torch._check(cos.shape[-1] == x.shape[-1], lambda: "rope_interleaved: cos must have x's last dim")
     torch._check(sin.dtype == x.dtype, lambda: "rope_interleaved: sin must have the dtype of x")
     torch._check(sin.shape[-1] == x.shape[-1], lambda: "rope_interleaved: sin must have x's last dim")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(k.shape, dtype=x.dtype, device=x.device))
+    return (_output_like(x), _output_like(k))
 
 
 def _rope_interleaved_inplace_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -80,7 +92,7 @@ def _rope_interleaved_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Te
     torch._check(cos.shape[-1] == grad_out.shape[-1], lambda: "rope_interleaved_backward: cos must have grad_out's last dim")
     torch._check(sin.dtype == grad_out.dtype, lambda: "rope_interleaved_backward: sin must have the dtype of grad_out")
     torch._check(sin.shape[-1] == grad_out.shape[-1], lambda: "rope_interleaved_backward: sin must have grad_out's last dim")
-    return (torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device), torch.empty(grad_k_out.shape, dtype=grad_out.dtype, device=grad_out.device))
+    return (_output_like(grad_out), _output_like(grad_k_out))
 
 
 _register_fake("rope_interleaved_backward", _rope_interleaved_backward_fake)

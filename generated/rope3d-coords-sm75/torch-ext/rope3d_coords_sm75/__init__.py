@@ -38,11 +38,23 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _output_like(t: torch.Tensor) -> torch.Tensor:
+    """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
+    non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
+    a unit last stride, else contiguous."""
+    covered, dense = 1, True
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n >= 2):
+        dense, covered = dense and stride == covered, covered * size
+    if t.stride(-1) == 1 and dense:
+        return t.new_empty_strided(t.shape, t.stride())
+    return t.new_empty(t.shape)
+
+
 def _rope3d_coords_fake(x: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_coords."""
     torch._check(x.dim() >= 1, lambda: "rope3d_coords: x must have at least one dim")
     torch._check(coords.dtype == torch.float32, lambda: "rope3d_coords: coords must be float32")
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return _output_like(x)
 
 
 _register_fake("rope3d_coords", _rope3d_coords_fake)
@@ -52,7 +64,7 @@ def _rope3d_coords_backward_fake(grad_out: torch.Tensor, coords: torch.Tensor, t
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_coords_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope3d_coords_backward: grad_out must have at least one dim")
     torch._check(coords.dtype == torch.float32, lambda: "rope3d_coords_backward: coords must be float32")
-    return torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device)
+    return _output_like(grad_out)
 
 
 _register_fake("rope3d_coords_backward", _rope3d_coords_backward_fake)

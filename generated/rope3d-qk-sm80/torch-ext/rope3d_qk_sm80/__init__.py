@@ -46,12 +46,24 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+def _output_like(t: torch.Tensor) -> torch.Tensor:
+    """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
+    non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
+    a unit last stride, else contiguous."""
+    covered, dense = 1, True
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n >= 2):
+        dense, covered = dense and stride == covered, covered * size
+    if t.stride(-1) == 1 and dense:
+        return t.new_empty_strided(t.shape, t.stride())
+    return t.new_empty(t.shape)
+
+
 def _rope3d_qk_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk."""
     torch._check(x.dim() >= 1, lambda: "rope3d_qk: x must have at least one dim")
     torch._check(k.dtype == x.dtype, lambda: "rope3d_qk: k must have the dtype of x")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope3d_qk: k must have x's last dim")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(k.shape, dtype=x.dtype, device=x.device))
+    return (_output_like(x), _output_like(k))
 
 
 _register_fake("rope3d_qk", _rope3d_qk_fake)
@@ -62,7 +74,7 @@ def _rope3d_qk_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, f
     torch._check(grad_out.dim() >= 1, lambda: "rope3d_qk_backward: grad_out must have at least one dim")
     torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope3d_qk_backward: grad_k_out must have the dtype of grad_out")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope3d_qk_backward: grad_k_out must have grad_out's last dim")
-    return (torch.empty(grad_out.shape, dtype=grad_out.dtype, device=grad_out.device), torch.empty(grad_k_out.shape, dtype=grad_out.dtype, device=grad_out.device))
+    return (_output_like(grad_out), _output_like(grad_k_out))
 
 
 _register_fake("rope3d_qk_backward", _rope3d_qk_backward_fake)
