@@ -144,6 +144,7 @@ def reference_kernels(build_root):
             project = build_op(op, "sm_90", build_root)
             load(project)  # registers the library's ops, named by its metadata's id
             name = json.loads((project / "build" / variant_name() / "metadata.json").read_text())["id"]
+            namespace = getattr(torch.ops, name)
             library = torch.library.Library(name, "IMPL")
             libraries.append(library)
             spec = load_spec(op)
@@ -151,15 +152,20 @@ def reference_kernels(build_root):
             for convention in spec.structure.conventions:
                 name = spec.variant(convention.name)
 
-                def cpu(*args, name=name, convention=convention.name, reference=spec.reference):
+                def cpu(
+                    *args, name=name, convention=convention.name, reference=spec.reference, ops=namespace
+                ):
                     calls[name] += 1
                     out = reference(*args, **({"convention": convention} if takes_convention else {}))
-                    cast = args[0].dtype  # contiguous, as the bindings allocate their outputs
-                    return (
-                        tuple(o.to(cast).contiguous() for o in out)
-                        if isinstance(out, tuple)
-                        else out.to(cast).contiguous()
+                    # each output in the layout the op's fake kernel gives (the binding allocates the same)
+                    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+                    fake = getattr(ops, name)(*meta)
+                    pairs = zip(out, fake) if isinstance(out, tuple) else [(out, fake)]
+                    outs = tuple(
+                        torch.empty_strided(f.shape, f.stride(), dtype=args[0].dtype).copy_(o)
+                        for o, f in pairs
                     )
+                    return outs if isinstance(out, tuple) else outs[0]
 
                 library.impl(name, cpu, "CPU")
                 if (back := family_of(spec).backward(spec)) is not None:
