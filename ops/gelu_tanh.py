@@ -42,7 +42,13 @@ spec = OpSpec(
         conventions=[
             Convention(
                 name="single_rounding",
-                outputs={"out": x * (1 + sp.tanh(SQRT_2_OVER_PI * (x + sp.Float(0.044715) * x**3))) / 2},
+                # √(2/π)·(x + 0.044715·x³) kept as that product: sympy would distribute it into two
+                # terms, each rounded differently from F.gelu's kBeta · (x + kKappa · x³)
+                outputs={
+                    "out": x
+                    * (1 + sp.tanh(sp.Mul(SQRT_2_OVER_PI, x + sp.Float(0.044715) * x**3, evaluate=False)))
+                    / 2
+                },
                 matches="F.gelu(x, approximate='tanh') and diffusers GELU(approximate='tanh')",
             ),
         ]

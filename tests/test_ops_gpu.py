@@ -13,7 +13,7 @@ import pytest
 import sympy as sp
 import torch
 from conftest import REFUSAL, refused, usable_dtype
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kgen.bench import example_inputs, tensor_shape
@@ -327,3 +327,25 @@ def test_inplace_form(built, op, dtype):
     )  # column-major: not a row view
     with pytest.raises(ValueError, match=f"{op}_: {target} is updated in place, so it must be viewable"):
         getattr(module, f"{op}_")(*inputs, *params)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(1, 64),
+    hidden=st.sampled_from([1, 7, 8, 1000, 8192]),
+    dtype=st.sampled_from(DTYPES),
+    magnitude=st.sampled_from([1e-3, 1.0, 3.0, 30.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_gelu_tanh_is_f_gelu_bitwise(kernels_by_op, rows, hidden, dtype, magnitude, seed):
+    """gelu_tanh's convention claims F.gelu(approximate='tanh'): the same fp32 steps (kBeta · (x + kKappa ·
+    x³), tanhf, 0.5 · x · (1 + t)), so the same bits in every dtype, specials included."""
+    assume(not refused(dtype))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(rows, hidden, generator=gen, device="cuda") * magnitude).to(dtype)
+    x.view(-1)[: min(4, x.numel())] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])[
+        : min(4, x.numel())
+    ].to(dtype)
+    got, want = kernels_by_op["gelu_tanh"](x), torch.nn.functional.gelu(x, approximate="tanh")
+    same = (got == want) | (got.isnan() & want.isnan())
+    assert same.all(), f"{int((~same).sum())} of {same.numel()} elements differ from F.gelu"
