@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .autodiff import gradient_name, gradient_outputs
-from .bench_report import MB, implementations, markdown, missed, plot, us
-from .catalog import backward_spec, load_spec, suite, suite_table
+from .bench_report import MB, implementations, markdown, missed, plot, summary, us
+from .catalog import backward_spec, load_spec, op_names, suite, suite_table
 from .dsl import OpSpec, Tensor
 from .errors import UsageError
 from .families import family_of
@@ -177,7 +177,11 @@ def run_bench(
     rounds: int = 3,
     graphs: bool = False,
     backward: bool = False,
+    cases: list[Case] | None = None,
+    stem: str | None = None,
 ) -> dict:
+    """Times ``cases`` (default: the op's suite) and writes OUT/<stem>.{json,md,png} (default stem: the op,
+    with -graphs and -backward as they apply)."""
     import torch
 
     from .builder import build_op, device_arch, load
@@ -208,7 +212,7 @@ def run_bench(
         f"{large_copy:.0f} µs = {ceiling:.0f} GB/s; empty launch {empty:.1f} µs"
         + ("; CUDA-graph replays" if graphs else "")
     )
-    cases = suite(op)
+    cases = suite(op) if cases is None else cases
     if not cases:
         raise UsageError(f"bench/shapes.toml has no shapes for {op!r}")
     vs_compile = suite_table(op).get("max_time_vs_compile")
@@ -310,7 +314,7 @@ def run_bench(
         "rows": rows_out,
     }
     out.mkdir(parents=True, exist_ok=True)
-    stem = op + ("-graphs" if graphs else "") + ("-backward" if backward else "")
+    stem = stem or op + ("-graphs" if graphs else "") + ("-backward" if backward else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"{stem}.md").write_text(markdown(result))
     plot(result, out / f"{stem}.png")
@@ -345,6 +349,23 @@ def run_bench(
         )
     console.print(table)
     return result
+
+
+def run_suite(ops: list[str], *, out: Path, graphs: bool, backward: bool, **options) -> Path:
+    """`run_bench` for each op (those with a backward, with ``backward``), then OUT/SUMMARY[-graphs]
+    [-backward].md over every op's results in OUT; returns its path."""
+    ops = [n for n in ops if not backward or has_backward(n)]
+    for i, name in enumerate(ops, 1):
+        if len(ops) > 1:
+            options["console"].rule(f"{name} ({i}/{len(ops)})")
+        run_bench(name, out=out, graphs=graphs, backward=backward, **options)
+    suffix = ("-graphs" if graphs else "") + ("-backward" if backward else "")
+    results = [
+        json.loads(p.read_text()) for p in (out / f"{n}{suffix}.json" for n in op_names()) if p.is_file()
+    ]
+    path = out / f"SUMMARY{suffix}.md"
+    path.write_text(summary([r for r in results if "bars" in r["rows"][0]]))  # this harness's
+    return path
 
 
 def autograd_timings(torch, fns: dict, inputs: list, skip) -> tuple[dict, dict]:

@@ -379,11 +379,17 @@ def bench(
             "--profile", help="with --e2e: add each variant's kernel table (one call under torch.profiler)"
         ),
     ] = False,
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="a rows × hidden grid and random shapes: heatmap and table")
+    ] = False,
+    per_batch: Annotated[
+        bool, typer.Option("--per-batch", help="with --sweep: broadcast inputs per batch")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="with --sweep: the random shapes' seed")] = 0,
 ) -> None:
     """Time the kgen kernel against the op's peers (eager, PyTorch's fused op, Liger) and torch.compile on
     this GPU."""
-    from .bench import has_backward, run_bench
-    from .bench_report import summary
+    from .bench import run_suite
 
     if e2e is not None:
         from .integrations.e2e import run_e2e, write
@@ -403,29 +409,20 @@ def bench(
         return
     if (op is None) == (not all_ops):
         raise UsageError("name one op, pass --all, or --e2e ltx|ltx-train|flux|wan|qwen3|qwen3-train")
-    ops = [n for n in op_names() if not backward or has_backward(n)] if all_ops else [op]
-    for i, name in enumerate(ops, 1):
-        if all_ops:
-            console.rule(f"{name} ({i}/{len(ops)})")
-        run_bench(
-            name,
-            out=out,
-            repeats=repeats,
-            build_root=build_dir,
-            console=console,
-            dtype=_dtype(dtype),
-            rounds=rounds,
-            graphs=graphs,
-            backward=backward,
-        )
-    suffix = ("-graphs" if graphs else "") + ("-backward" if backward else "")
-    results = [
-        json.loads(p.read_text()) for p in (out / f"{n}{suffix}.json" for n in op_names()) if p.is_file()
-    ]
-    (out / f"SUMMARY{suffix}.md").write_text(
-        summary([r for r in results if "bars" in r["rows"][0]])
-    )  # this harness's
-    console.print(f"wrote {out / f'SUMMARY{suffix}.md'}")
+    options = dict(repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype), rounds=rounds)
+    if sweep:
+        from .sweep import run_sweep, sweepable
+
+        if graphs or backward:
+            raise UsageError("--sweep times the forward with events: drop --graphs and --backward")
+        ops = [n for n in op_names() if sweepable(n, per_batch)] if all_ops else [op]
+        for i, name in enumerate(ops, 1):
+            console.rule(f"{name} sweep ({i}/{len(ops)})")
+            run_sweep(name, out=out, per_batch=per_batch, seed=seed, **options)
+            console.print((out / f"{name}-sweep{'-per-batch' if per_batch else ''}.md").read_text())
+        return
+    path = run_suite(op_names() if all_ops else [op], out=out, graphs=graphs, backward=backward, **options)
+    console.print(f"wrote {path}")
 
 
 @app.command()
