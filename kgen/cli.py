@@ -451,6 +451,7 @@ def tune(
                 f"against {c.rule_us:.1f})"
             )
             + "".join(f"; {t} threads {us:.1f} µs" for t, us in c.others.items())
+            + (f"; held out: {c.held_tuned_us:.1f} µs, the rule {c.held_rule_us:.1f}" if c.held_out else "")
         )
     if write:
         console.print(f"wrote {merge_and_write(found, op, _dtype(dtype))}")

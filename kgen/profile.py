@@ -85,6 +85,10 @@ class TunedChoice(BaseModel):
     rule_us: float = Field(gt=0)  # summed over the shapes
     tuned_us: float = Field(gt=0)
     others: dict[str, float] = {}  # the other candidates: threads -> µs
+    # shapes it was not tuned on, launched in the same configuration: the rule's and the choice's µs there
+    held_out: list[str] = []
+    held_rule_us: float | None = None
+    held_tuned_us: float | None = None
 
 
 class TuningTable(BaseModel):
@@ -123,4 +127,10 @@ class TuningTable(BaseModel):
             + ("" if c.threads == c.rule_threads else f", the rule {c.rule_us:.1f} µs")
             + others
             + f" at {', '.join(c.shapes)}"
+            + (
+                f"; held out {', '.join(c.held_out)}: {c.held_tuned_us:.1f} µs, the rule "
+                f"{c.held_rule_us:.1f} µs"
+                if c.held_out
+                else ""
+            )
         )

@@ -50,10 +50,18 @@ def sweep_cases(op: str, per_batch: bool = False, seed: int = 0) -> list[Case]:
     rng = random.Random(seed)
     extra = []
     while len(extra) < RANDOM_SHAPES:
-        rows, hidden = round(2 ** rng.uniform(0, 16)), round(2 ** rng.uniform(6, 16))
-        if rows * hidden <= MAX_ELEMENTS and (rows, hidden) not in grid + extra:
-            extra.append((rows, hidden))
+        if (shape := random_shape(rng)) not in grid + extra:
+            extra.append(shape)
     return [Case((1, r, h), per_batch) for r, h in grid + extra]
+
+
+def random_shape(rng: random.Random) -> tuple[int, int]:
+    """(rows, hidden), log-uniform over 1…65536 rows and 64…65536 channels, any integers, within
+    MAX_ELEMENTS."""
+    while True:
+        rows, hidden = round(2 ** rng.uniform(0, 16)), round(2 ** rng.uniform(6, 16))
+        if rows * hidden <= MAX_ELEMENTS:
+            return rows, hidden
 
 
 def stem(op: str, per_batch: bool) -> str:

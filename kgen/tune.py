@@ -7,12 +7,15 @@ access per thread, the ladder's widest step). Each candidate is one build; every
 is checked against the op's float64 reference before it is timed. The suite's shapes (bench/
 shapes.toml) are grouped by the configuration the rule launches them with, and a configuration
 takes a candidate only if it beats the rule on its shapes' summed medians by more than the table's margin
-(2 %: run-to-run noise is ~1 %)."""
+(2 %: run-to-run noise is ~1 %), and is no slower than the rule on shapes it was not tuned on: seeded random
+[1, rows, hidden] shapes the rule launches in the same configuration (HELD_OUT each), for every op a (rows,
+hidden) pair shapes (`kgen.sweep`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import random
 import statistics
 from pathlib import Path
 
@@ -23,10 +26,13 @@ from .bench import Timer, example_inputs
 from .catalog import data_dir, load_profile, load_spec, load_tuning, suite
 from .errors import UsageError
 from .families import family_of
+from .families.base import Case
 from .planner import plan_kernel, plan_launch
 from .profile import TunedChoice, TuningTable
+from .sweep import random_shape, sweepable
 
 FACTORS = (0.5, 2)
+HELD_OUT = 2  # random shapes per configuration that the winner is checked on, not chosen on
 
 
 def candidates(op: str, arch: str, dtype: str) -> dict[str, list[TunedChoice]]:
@@ -52,6 +58,31 @@ def candidates(op: str, arch: str, dtype: str) -> dict[str, list[TunedChoice]]:
         if choices:
             out[f"x{factor:g}"] = choices
     return out
+
+
+def choose(measured: dict[int, float], rule: int, margin: float, held: dict[int, float]) -> int:
+    """The threads to keep: the fastest on the tuned shapes if it beats the rule by more than ``margin``
+    and is no slower than the rule on the held-out shapes (where there are any), else the rule's."""
+    best = min(measured, key=measured.get)
+    if measured[best] >= (1 - margin) * measured[rule]:
+        return rule  # within noise of the rule
+    return rule if held and held[best] > held[rule] else best  # else: fast on the tuned shapes only
+
+
+def held_out_cases(op: str, arch: str, dtype: str, buckets: list, seed: int = 0) -> list[Case]:
+    """HELD_OUT seeded random [1, rows, hidden] shapes per configuration in ``buckets`` (max_row_bytes)
+    that the rule launches on its vector path; none for an op a (rows, hidden) pair does not shape."""
+    spec, profile = load_spec(op), load_profile(arch)
+    found: dict = {b: [] for b in buckets} if sweepable(op) else {}
+    rng = random.Random(seed)
+    for _ in range(5000):  # a configuration few random shapes fall in may get fewer than HELD_OUT
+        if all(len(cases) >= HELD_OUT for cases in found.values()):
+            break
+        rows, hidden = random_shape(rng)
+        bucket = plan_launch(spec, profile, dtype, rows, hidden).bucket
+        if bucket.vectorized and len(found.get(bucket.max_row_bytes, [None] * HELD_OUT)) < HELD_OUT:
+            found[bucket.max_row_bytes].append(Case((1, rows, hidden)))
+    return [c for cases in found.values() for c in cases]
 
 
 def tune(
@@ -94,49 +125,54 @@ def tune(
         torch.ops.load_library(str(lib))
         kernels[name] = getattr(getattr(torch.ops, lib.name.split(".")[0]), op)
     timer, torch_dtype, tol = Timer(torch, repeats), getattr(torch, dtype), SMOKE_TOLERANCE[dtype]
-    by_bucket: dict[int | None, dict] = {}
-    for case in suite(op):
-        params = case.param_values(spec)
-        inputs = example_inputs(spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads)
-        want = spec.reference(*inputs, *params)
-        for name, kernel in kernels.items():
-            got = kernel(*inputs, *params)
-            for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want))):
-                if not torch.allclose(g.double(), w, rtol=tol, atol=tol):
-                    raise UsageError(
-                        f"candidate {name} of {op} disagrees with the reference at {case.label}: "
-                        f"max |diff| {(g.double() - w).abs().max().item():.3g}"
-                    )
-        times = {
-            n: statistics.median(t)
-            for n, t in timer.rounds_us(
-                {n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}, rounds
-            ).items()
-        }
-        launch = plan_launch(spec, profile, dtype, case.rows, case.shape[-1])
-        if not launch.bucket.vectorized:
-            continue  # scalar configurations are not tuned
-        bucket = launch.bucket.max_row_bytes
-        entry = by_bucket.setdefault(bucket, {"shapes": [], "us": dict.fromkeys(kernels, 0.0)})
-        entry["shapes"].append(case.label)
-        for n, us in times.items():
-            entry["us"][n] += us
-        console.print(f"{case.label}: " + ", ".join(f"{n} {us:.1f} µs" for n, us in times.items()))
+
+    def measure(cases: list[Case], label: str) -> dict:
+        """Every candidate checked against the reference, then timed: µs summed per configuration."""
+        by_bucket: dict[int | None, dict] = {}
+        for case in cases:
+            params = case.param_values(spec)
+            inputs = example_inputs(
+                spec, case.shape, torch_dtype, per_batch=case.per_batch, k_heads=case.k_heads
+            )
+            want = spec.reference(*inputs, *params)
+            for name, kernel in kernels.items():
+                got = kernel(*inputs, *params)
+                for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want))):
+                    if not torch.allclose(g.double(), w, rtol=tol, atol=tol):
+                        raise UsageError(
+                            f"candidate {name} of {op} disagrees with the reference at {case.label}: "
+                            f"max |diff| {(g.double() - w).abs().max().item():.3g}"
+                        )
+            calls = {n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}
+            times = {n: statistics.median(t) for n, t in timer.rounds_us(calls, rounds).items()}
+            launch = plan_launch(spec, profile, dtype, case.rows, case.shape[-1])
+            if not launch.bucket.vectorized:
+                continue  # scalar configurations are not tuned
+            entry = by_bucket.setdefault(
+                launch.bucket.max_row_bytes, {"shapes": [], "us": dict.fromkeys(kernels, 0.0)}
+            )
+            entry["shapes"].append(case.label)
+            for n, us in times.items():
+                entry["us"][n] += us
+            console.print(f"{label}{case.label}: " + ", ".join(f"{n} {us:.1f} µs" for n, us in times.items()))
+        return by_bucket
+
+    by_bucket = measure(suite(op), "")
+    held = measure(held_out_cases(op, arch, dtype, list(by_bucket)), "held out ")
     rule = plan_kernel(spec, profile, dtype)
     found = []
     for bucket, entry in by_bucket.items():
         rule_threads = next(
             b.threads_per_row for b in rule.buckets if b.vectorized and b.max_row_bytes == bucket
         )
-        measured = {rule_threads: entry["us"]["rule"]} | {
-            c.threads: entry["us"][name]
-            for name, choices in options.items()
-            for c in choices
-            if c.max_row_bytes == bucket
+        names = {rule_threads: "rule"} | {
+            c.threads: name for name, choices in options.items() for c in choices if c.max_row_bytes == bucket
         }
-        best = min(measured, key=measured.get)
-        if measured[best] >= (1 - table.margin) * measured[rule_threads]:
-            best = rule_threads  # within noise of the rule: the rule stays
+        measured = {t: entry["us"][name] for t, name in names.items()}
+        out = held.get(bucket, {"shapes": [], "us": {}})
+        best = choose(
+            measured, rule_threads, table.margin, {t: out["us"][n] for t, n in names.items() if out["us"]}
+        )
         found.append(
             TunedChoice(
                 op=op,
@@ -148,6 +184,9 @@ def tune(
                 rule_us=measured[rule_threads],
                 tuned_us=measured[best],
                 others={str(t): round(us, 2) for t, us in measured.items() if t not in (best, rule_threads)},
+                held_out=out["shapes"],
+                held_rule_us=out["us"].get("rule"),
+                held_tuned_us=out["us"].get(names[best]),
             )
         )
     return table.model_copy(update={"choices": found})
@@ -185,6 +224,12 @@ def merge_and_write(found: TuningTable, op: str, dtype: str) -> Path:
             f"tuned_us = {c.tuned_us:.2f}",
             "others = {" + ", ".join(f'"{t}" = {us}' for t, us in c.others.items()) + "}",
         ]
+        if c.held_out:
+            lines += [
+                "held_out = [" + ", ".join(f'"{s}"' for s in c.held_out) + "]",
+                f"held_rule_us = {c.held_rule_us:.2f}",
+                f"held_tuned_us = {c.held_tuned_us:.2f}",
+            ]
     text = "\n".join(lines) + "\n"
     TuningTable.model_validate(tomllib.loads(text))  # what the planner will read back
     path.parent.mkdir(parents=True, exist_ok=True)

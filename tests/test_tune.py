@@ -15,7 +15,7 @@ import kgen.tune
 from kgen.bench import bars
 from kgen.bench_report import markdown, summary
 from kgen.builder import render_target
-from kgen.catalog import load_profile, load_spec, load_tuning
+from kgen.catalog import load_profile, load_spec, load_tuning, suite
 from kgen.cli import app
 from kgen.errors import KgenError
 from kgen.families import family_of
@@ -272,3 +272,38 @@ def test_a_kept_rule_says_why_a_faster_candidate_lost():
     assert "confirmed" not in why
     slower = kept.model_copy(update={"others": {"64": 154.4}})
     assert "the rule's, confirmed by kgen tune" in table(slower).why(slower)
+
+
+def test_held_out_shapes_fall_in_the_tuned_configurations_and_are_not_the_suites():
+    from kgen.tune import HELD_OUT, held_out_cases
+
+    spec, profile = load_spec("rmsnorm"), load_profile("sm_90")
+    buckets = [b.max_row_bytes for b in plan_kernel(spec, profile, "bfloat16").buckets if b.vectorized][3:6]
+    cases = held_out_cases("rmsnorm", "sm_90", "bfloat16", buckets, seed=7)
+    assert len(cases) == HELD_OUT * len(buckets)
+    for case in cases:
+        launch = plan_launch(spec, profile, "bfloat16", case.rows, case.shape[-1])
+        assert launch.bucket.vectorized and launch.bucket.max_row_bytes in buckets
+    assert sorted(launch_bucket(c) for c in cases) == sorted(b for b in buckets for _ in range(HELD_OUT))
+    assert not {c.shape for c in cases} & {c.shape for c in suite("rmsnorm")}
+    assert [c.shape for c in held_out_cases("rmsnorm", "sm_90", "bfloat16", buckets, seed=7)] == [
+        c.shape for c in cases
+    ]
+    assert (
+        held_out_cases("rope_wan", "sm_90", "bfloat16", [None]) == []
+    )  # (rows, hidden) names no rope_wan shape
+
+
+def launch_bucket(case):
+    spec, profile = load_spec("rmsnorm"), load_profile("sm_90")
+    return plan_launch(spec, profile, "bfloat16", case.rows, case.shape[-1]).bucket.max_row_bytes
+
+
+def test_a_candidate_must_also_win_on_the_held_out_shapes():
+    from kgen.tune import choose
+
+    measured = {128: 100.0, 64: 90.0, 256: 99.0}  # 64 threads 10 % faster than the rule's 128 on the suite
+    assert choose(measured, 128, 0.02, {}) == 64  # nothing held out: the suite decides
+    assert choose(measured, 128, 0.02, {128: 50.0, 64: 49.0, 256: 60.0}) == 64  # it holds
+    assert choose(measured, 128, 0.02, {128: 50.0, 64: 51.0, 256: 40.0}) == 128  # slower held out: the rule
+    assert choose({128: 100.0, 64: 99.0}, 128, 0.02, {128: 50.0, 64: 10.0}) == 128  # within the margin
