@@ -213,8 +213,9 @@ def check(
     all_: Annotated[bool, typer.Option("--all", help="every op")] = False,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
 ) -> None:
-    """Compare each convention's math (the spec's sympy expressions, evaluated on the CPU) with the spec's
-    reference, in float32 and bfloat16, at the op's example shapes: no GPU needed."""
+    """Compare each convention's math, evaluated on the CPU, with the spec's reference: no GPU needed.
+
+    The spec's sympy expressions in float32 and bfloat16, at the op's example shapes."""
     from .check import check as check_op
     from .errors import SpecError
 
@@ -387,8 +388,9 @@ def bench(
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="with --sweep: the random shapes' seed")] = 0,
 ) -> None:
-    """Time the kgen kernel against the op's peers (eager, PyTorch's fused op, Liger) and torch.compile on
-    this GPU."""
+    """Time the kgen kernel against the op's peers and torch.compile on this GPU.
+
+    The peers: eager, PyTorch's fused op, Liger where installed; --sweep, --backward, --e2e: see below."""
     from .bench import run_suite
 
     if e2e is not None:
