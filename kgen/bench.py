@@ -179,9 +179,10 @@ def run_bench(
     backward: bool = False,
     cases: list[Case] | None = None,
     stem: str | None = None,
+    skip_refused: bool = False,
 ) -> dict:
-    """Times ``cases`` (default: the op's suite) and writes OUT/<stem>.{json,md,png} (default stem: the op,
-    with -graphs and -backward as they apply)."""
+    """Times ``cases`` (default: the op's suite; with ``skip_refused``, leaving out those the op refuses)
+    and writes OUT/<stem>.{json,md,png} (default stem: the op, with -graphs and -backward as they apply)."""
     import torch
 
     from .builder import build_op, device_arch, load
@@ -231,7 +232,13 @@ def run_bench(
             traffic += [
                 t for t, s in zip(inputs, spec.inputs) if gradients.get(s.name) == gradient_name(s.name)
             ]
-        outputs = kernel(*inputs, *params)
+        try:
+            outputs = kernel(*inputs, *params)
+        except ValueError as err:  # a shape the op refuses (a rotary op's odd last dim), in a sweep's grid
+            if not skip_refused:
+                raise
+            console.print(f"{case.label}: refused by kgen ({str(err).splitlines()[0]})")
+            continue
         # each input read once, each output written once; backward: the inputs it reads and the outputs'
         # gradients read, the inputs' gradients written
         min_bytes = sum(

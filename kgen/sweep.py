@@ -171,7 +171,8 @@ def run_sweep(op: str, *, out: Path, per_batch: bool = False, seed: int = 0, **b
     from .bench import run_bench
 
     name = stem(op, per_batch)
-    result = run_bench(op, out=out, cases=sweep_cases(op, per_batch, seed), stem=name, **bench)
+    cases = sweep_cases(op, per_batch, seed)
+    result = run_bench(op, out=out, cases=cases, stem=name, skip_refused=True, **bench)
     result |= {"per_batch": per_batch, "seed": seed}
     (out / f"{name}.png").rename(out / f"{name}-bandwidth.png")
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -112,8 +112,8 @@ def test_run_sweep_writes_the_table_the_heatmap_and_the_bandwidth_plot(tmp_path,
 
     seen = {}
 
-    def fake_run_bench(op, *, out, cases, stem, **options):
-        seen.update(op=op, shapes=[c.shape for c in cases], stem=stem, options=options)
+    def fake_run_bench(op, *, out, cases, stem, skip_refused, **options):
+        seen.update(op=op, shapes=[c.shape for c in cases], stem=stem, options=options, skip=skip_refused)
         result = made_up_result({(64, 8192): 20.0})
         for suffix in ("json", "md", "png"):
             (out / f"{stem}.{suffix}").write_text("run_bench's")
@@ -124,6 +124,7 @@ def test_run_sweep_writes_the_table_the_heatmap_and_the_bandwidth_plot(tmp_path,
 
     run_sweep("adaln_rmsnorm", out=tmp_path, per_batch=True, seed=3, repeats=5)
     assert seen["stem"] == "adaln_rmsnorm-sweep-per-batch" and seen["options"] == {"repeats": 5}
+    assert seen["skip"]  # a point the op refuses (a rotary op's odd last dim) is left out, not fatal
     assert seen["shapes"] == [c.shape for c in sweep_cases("adaln_rmsnorm", True, 3)]
     stem = tmp_path / "adaln_rmsnorm-sweep-per-batch"
     saved = json.loads(stem.with_suffix(".json").read_text())
