@@ -55,7 +55,7 @@ def bars(
         out[">= 95 % of same-size copy"] = row["kgen_pct_same_copy"] >= 95
     elif row["min_bytes"] < 4 * MB:
         out["<= 1.1x empty launch"] = kgen <= 1.1 * empty_us
-    if vs_compile and compiled:
+    if vs_compile and compiled in row["times_us"]:
         out[f"<= {vs_compile:g}x torch.compile"] = kgen <= vs_compile * row["times_us"][compiled]
     return out
 
@@ -181,8 +181,9 @@ def run_bench(
     stem: str | None = None,
     skip_refused: bool = False,
 ) -> dict:
-    """Times ``cases`` (default: the op's suite; with ``skip_refused``, leaving out those the op refuses)
-    and writes OUT/<stem>.{json,md,png} (default stem: the op, with -graphs and -backward as they apply)."""
+    """Times ``cases`` (default: the op's suite; with ``skip_refused``, leaving out those the op refuses and
+    a peer where it fails) and writes OUT/<stem>.{json,md,png} (default stem: the op, with -graphs and
+    -backward as they apply)."""
     import torch
 
     from .builder import build_op, device_arch, load
@@ -256,8 +257,13 @@ def run_bench(
                 console.print(f"skipping peer {name!r}: {err}")
                 peers.pop(name)
                 continue
+            except Exception as err:  # a sweep's shape a peer cannot run (its compiled form neither)
+                if not skip_refused:
+                    raise
+                console.print(f"{case.label}: {name} failed ({type(err).__name__}), left out here")
+                continue
             calls[name] = lambda *a, fn=fn: fn(*a, *params)
-        if compiled_name:
+        if compiled_name and next(iter(spec.peers)) in calls:
             # A fresh compile per shape (dynamic=False: a kernel specialised to it, torch.compile's best
             # case) whose guards see one entry: reusing one compiled function across the suite piled up
             # recompiled entries and its host overhead showed in the timings.
