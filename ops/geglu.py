@@ -18,7 +18,10 @@ h, gate = sp.symbols("h gate")
 SQRT_HALF = sp.Float(math.sqrt(0.5))
 SQRT_2_OVER_PI = sp.Float(math.sqrt(2 / math.pi))
 gelu_erf = gate * (1 + sp.erf(gate * SQRT_HALF)) / 2
-gelu_tanh = gate * (1 + sp.tanh(SQRT_2_OVER_PI * (gate + sp.Float(0.044715) * gate**3))) / 2
+# √(2/π)·(g + 0.044715·g³) kept as that product, as F.gelu rounds it (sympy would distribute it)
+gelu_tanh = (
+    gate * (1 + sp.tanh(sp.Mul(SQRT_2_OVER_PI, gate + sp.Float(0.044715) * gate**3, evaluate=False))) / 2
+)
 
 
 def geglu_ref(x: torch.Tensor, convention: str = "erf") -> torch.Tensor:

@@ -329,23 +329,38 @@ def test_inplace_form(built, op, dtype):
         getattr(module, f"{op}_")(*inputs, *params)
 
 
+def f_gelu_tanh(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+LIBRARY_GELUS = {  # (op, convention): the library code that convention claims, bit for bit
+    ("gelu_tanh", "single_rounding"): f_gelu_tanh,
+    ("geglu", "erf_diffusers"): load_spec("geglu").peers["eager (diffusers GEGLU)"],
+    ("geglu", "tanh_diffusers"): lambda x: (lambda h, g: h * f_gelu_tanh(g))(*x.chunk(2, dim=-1)),
+}
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
+    which=st.sampled_from(sorted(LIBRARY_GELUS)),
     rows=st.integers(1, 64),
     hidden=st.sampled_from([1, 7, 8, 1000, 8192]),
     dtype=st.sampled_from(DTYPES),
     magnitude=st.sampled_from([1e-3, 1.0, 3.0, 30.0]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_gelu_tanh_is_f_gelu_bitwise(kernels_by_op, rows, hidden, dtype, magnitude, seed):
-    """gelu_tanh's convention claims F.gelu(approximate='tanh'): the same fp32 steps (kBeta · (x + kKappa ·
-    x³), tanhf, 0.5 · x · (1 + t)), so the same bits in every dtype, specials included."""
+def test_gelus_are_the_librarys_bitwise(kernels_by_op, which, rows, hidden, dtype, magnitude, seed):
+    """A GELU convention that names F.gelu(approximate='tanh') or diffusers' GEGLU takes the same fp32 steps
+    (kBeta · (x + kKappa · x³), tanhf or erff, 0.5 · x · (1 + t), the library's roundings), so the same bits
+    in every dtype, specials included."""
     assume(not refused(dtype))
+    op, convention = which
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    x = (torch.randn(rows, hidden, generator=gen, device="cuda") * magnitude).to(dtype)
+    width = hidden * (2 if op == "geglu" else 1)
+    x = (torch.randn(rows, width, generator=gen, device="cuda") * magnitude).to(dtype)
     x.view(-1)[: min(4, x.numel())] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])[
         : min(4, x.numel())
     ].to(dtype)
-    got, want = kernels_by_op["gelu_tanh"](x), torch.nn.functional.gelu(x, approximate="tanh")
+    got, want = kernels_by_op[op](x, convention=convention), LIBRARY_GELUS[which](x)
     same = (got == want) | (got.isnan() & want.isnan())
-    assert same.all(), f"{int((~same).sum())} of {same.numel()} elements differ from F.gelu"
+    assert same.all(), f"{int((~same).sum())} of {same.numel()} elements differ from the library"
