@@ -38,12 +38,13 @@ def _register_fake(name: str, fake) -> None:
 
 def _adaln_layernorm_fp32_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_layernorm_fp32."""
+
     torch._check(x.dim() >= 1, lambda: "adaln_layernorm_fp32: x must have at least one dim")
-    torch._check(scale.dtype == torch.float32, lambda: "adaln_layernorm_fp32: scale must be float32")
+    torch._check(scale.dtype == torch.float32, lambda: f"adaln_layernorm_fp32: scale must be float32, got {scale.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"adaln_layernorm_fp32: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == torch.float32, lambda: "adaln_layernorm_fp32: shift must be float32")
+    torch._check(shift.dtype == torch.float32, lambda: f"adaln_layernorm_fp32: shift must be float32, got {shift.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"adaln_layernorm_fp32: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
@@ -55,16 +56,17 @@ _register_fake("adaln_layernorm_fp32", _adaln_layernorm_fp32_fake)
 
 def _adaln_layernorm_fp32_backward_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, grad_out: torch.Tensor, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_layernorm_fp32_backward."""
+
     torch._check(x.dim() >= 1, lambda: "adaln_layernorm_fp32_backward: x must have at least one dim")
-    torch._check(scale.dtype == torch.float32, lambda: "adaln_layernorm_fp32_backward: scale must be float32")
+    torch._check(scale.dtype == torch.float32, lambda: f"adaln_layernorm_fp32_backward: scale must be float32, got {scale.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"adaln_layernorm_fp32_backward: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == torch.float32, lambda: "adaln_layernorm_fp32_backward: shift must be float32")
+    torch._check(shift.dtype == torch.float32, lambda: f"adaln_layernorm_fp32_backward: shift must be float32, got {shift.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"adaln_layernorm_fp32_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "adaln_layernorm_fp32_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"adaln_layernorm_fp32_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "adaln_layernorm_fp32_backward: grad_out must have the shape of x")
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=torch.float32, device=x.device), torch.empty(shift.shape, dtype=torch.float32, device=x.device))
 

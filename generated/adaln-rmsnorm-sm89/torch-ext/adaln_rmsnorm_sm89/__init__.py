@@ -42,16 +42,17 @@ def _register_fake(name: str, fake) -> None:
 
 def _adaln_rmsnorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_rmsnorm."""
+
     torch._check(x.dim() >= 1, lambda: "adaln_rmsnorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"adaln_rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
                      lambda: f"adaln_rmsnorm: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
-    torch._check(scale.dtype == x.dtype, lambda: "adaln_rmsnorm: scale must have the dtype of x")
+    torch._check(scale.dtype == x.dtype, lambda: f"adaln_rmsnorm: scale has dtype {scale.dtype} but x has {x.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"adaln_rmsnorm: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == x.dtype, lambda: "adaln_rmsnorm: shift must have the dtype of x")
+    torch._check(shift.dtype == x.dtype, lambda: f"adaln_rmsnorm: shift has dtype {shift.dtype} but x has {x.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"adaln_rmsnorm: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
@@ -64,20 +65,21 @@ _register_fake("adaln_rmsnorm_diffusers", _adaln_rmsnorm_fake)
 
 def _adaln_rmsnorm_backward_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, grad_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_rmsnorm_backward."""
+
     torch._check(x.dim() >= 1, lambda: "adaln_rmsnorm_backward: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"adaln_rmsnorm_backward: weight has dtype {weight.dtype} but x has {x.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
                      lambda: f"adaln_rmsnorm_backward: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
-    torch._check(scale.dtype == x.dtype, lambda: "adaln_rmsnorm_backward: scale must have the dtype of x")
+    torch._check(scale.dtype == x.dtype, lambda: f"adaln_rmsnorm_backward: scale has dtype {scale.dtype} but x has {x.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"adaln_rmsnorm_backward: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == x.dtype, lambda: "adaln_rmsnorm_backward: shift must have the dtype of x")
+    torch._check(shift.dtype == x.dtype, lambda: f"adaln_rmsnorm_backward: shift has dtype {shift.dtype} but x has {x.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"adaln_rmsnorm_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "adaln_rmsnorm_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"adaln_rmsnorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "adaln_rmsnorm_backward: grad_out must have the shape of x")
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), torch.empty(shift.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]))
 

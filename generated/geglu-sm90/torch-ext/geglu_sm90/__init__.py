@@ -44,6 +44,7 @@ def _register_fake(name: str, fake) -> None:
 
 def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through geglu."""
+
     torch._check(x.dim() >= 1, lambda: "geglu: x must have at least one dim")
     torch._check(x.shape[-1] % 2 == 0, lambda: "geglu: x holds two halves along its last dim, which must be even")
     return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
@@ -57,9 +58,10 @@ _register_fake("geglu_tanh_diffusers", _geglu_fake)
 
 def _geglu_backward_fake(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through geglu_backward."""
+
     torch._check(x.dim() >= 1, lambda: "geglu_backward: x must have at least one dim")
     torch._check(x.shape[-1] % 2 == 0, lambda: "geglu_backward: x holds two halves along its last dim, which must be even")
-    torch._check(grad_out.dtype == x.dtype, lambda: "geglu_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"geglu_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape[:-1] == x.shape[:-1] and grad_out.shape[-1] == x.shape[-1] // 2,
                  lambda: "geglu_backward: grad_out must have the shape of x with half its last dim")
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -35,6 +35,7 @@ def _register_fake(name: str, fake) -> None:
 
 def _gelu_tanh_fake(x: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through gelu_tanh."""
+
     torch._check(x.dim() >= 1, lambda: "gelu_tanh: x must have at least one dim")
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
@@ -44,8 +45,9 @@ _register_fake("gelu_tanh", _gelu_tanh_fake)
 
 def _gelu_tanh_backward_fake(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through gelu_tanh_backward."""
+
     torch._check(x.dim() >= 1, lambda: "gelu_tanh_backward: x must have at least one dim")
-    torch._check(grad_out.dtype == x.dtype, lambda: "gelu_tanh_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"gelu_tanh_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "gelu_tanh_backward: grad_out must have the shape of x")
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 

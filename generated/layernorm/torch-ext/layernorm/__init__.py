@@ -38,6 +38,7 @@ def _register_fake(name: str, fake) -> None:
 
 def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-05) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through layernorm."""
+
     torch._check(x.dim() >= 1, lambda: "layernorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"layernorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -55,6 +56,7 @@ _register_fake("layernorm", _layernorm_fake)
 
 def _layernorm_backward_fake(x: torch.Tensor, grad_out: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-05) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through layernorm_backward."""
+
     torch._check(x.dim() >= 1, lambda: "layernorm_backward: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"layernorm_backward: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -64,7 +66,7 @@ def _layernorm_backward_fake(x: torch.Tensor, grad_out: torch.Tensor, weight: Op
         torch._check(bias.dtype == x.dtype, lambda: f"layernorm_backward: bias has dtype {bias.dtype} but x has {x.dtype}")
         torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
                      lambda: f"layernorm_backward: bias must have shape [{x.shape[-1]}], got {list(bias.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "layernorm_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"layernorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "layernorm_backward: grad_out must have the shape of x")
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]), x.new_empty(x.shape[-1:] if bias is not None else [0]))
 

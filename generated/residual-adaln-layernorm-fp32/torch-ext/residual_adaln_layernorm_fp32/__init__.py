@@ -40,19 +40,20 @@ def _register_fake(name: str, fake) -> None:
 
 def _residual_adaln_layernorm_fp32_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_layernorm_fp32."""
+
     torch._check(x.dim() >= 1, lambda: "residual_adaln_layernorm_fp32: x must have at least one dim")
-    torch._check(h.dtype == x.dtype, lambda: "residual_adaln_layernorm_fp32: h must have the dtype of x")
+    torch._check(h.dtype == x.dtype, lambda: f"residual_adaln_layernorm_fp32: h has dtype {h.dtype} but x has {x.dtype}")
     torch._check(h.shape == x.shape, lambda: "residual_adaln_layernorm_fp32: h must have the shape of x")
-    torch._check(scale.dtype == torch.float32, lambda: "residual_adaln_layernorm_fp32: scale must be float32")
+    torch._check(scale.dtype == torch.float32, lambda: f"residual_adaln_layernorm_fp32: scale must be float32, got {scale.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm_fp32: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == torch.float32, lambda: "residual_adaln_layernorm_fp32: shift must be float32")
+    torch._check(shift.dtype == torch.float32, lambda: f"residual_adaln_layernorm_fp32: shift must be float32, got {shift.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm_fp32: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
     if gate is not None:
-        torch._check(gate.dtype == torch.float32, lambda: "residual_adaln_layernorm_fp32: gate must be float32")
+        torch._check(gate.dtype == torch.float32, lambda: f"residual_adaln_layernorm_fp32: gate must be float32, got {gate.dtype}")
         torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                     enumerate(zip(gate.shape, x.shape))),
                      lambda: f"residual_adaln_layernorm_fp32: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
@@ -64,23 +65,24 @@ _register_fake("residual_adaln_layernorm_fp32", _residual_adaln_layernorm_fp32_f
 
 def _residual_adaln_layernorm_fp32_backward_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, gate: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_layernorm_fp32_backward."""
+
     torch._check(x.dim() >= 1, lambda: "residual_adaln_layernorm_fp32_backward: x must have at least one dim")
-    torch._check(h.dtype == x.dtype, lambda: "residual_adaln_layernorm_fp32_backward: h must have the dtype of x")
+    torch._check(h.dtype == x.dtype, lambda: f"residual_adaln_layernorm_fp32_backward: h has dtype {h.dtype} but x has {x.dtype}")
     torch._check(h.shape == x.shape, lambda: "residual_adaln_layernorm_fp32_backward: h must have the shape of x")
-    torch._check(scale.dtype == torch.float32, lambda: "residual_adaln_layernorm_fp32_backward: scale must be float32")
+    torch._check(scale.dtype == torch.float32, lambda: f"residual_adaln_layernorm_fp32_backward: scale must be float32, got {scale.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm_fp32_backward: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == torch.float32, lambda: "residual_adaln_layernorm_fp32_backward: shift must be float32")
+    torch._check(shift.dtype == torch.float32, lambda: f"residual_adaln_layernorm_fp32_backward: shift must be float32, got {shift.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm_fp32_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "residual_adaln_layernorm_fp32_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"residual_adaln_layernorm_fp32_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "residual_adaln_layernorm_fp32_backward: grad_out must have the shape of x")
-    torch._check(grad_residual_out.dtype == x.dtype, lambda: "residual_adaln_layernorm_fp32_backward: grad_residual_out must have the dtype of x")
+    torch._check(grad_residual_out.dtype == x.dtype, lambda: f"residual_adaln_layernorm_fp32_backward: grad_residual_out has dtype {grad_residual_out.dtype} but x has {x.dtype}")
     torch._check(grad_residual_out.shape == x.shape, lambda: "residual_adaln_layernorm_fp32_backward: grad_residual_out must have the shape of x")
     if gate is not None:
-        torch._check(gate.dtype == torch.float32, lambda: "residual_adaln_layernorm_fp32_backward: gate must be float32")
+        torch._check(gate.dtype == torch.float32, lambda: f"residual_adaln_layernorm_fp32_backward: gate must be float32, got {gate.dtype}")
         torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                     enumerate(zip(gate.shape, x.shape))),
                      lambda: f"residual_adaln_layernorm_fp32_backward: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")

@@ -43,19 +43,20 @@ def _register_fake(name: str, fake) -> None:
 
 def _residual_adaln_layernorm_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gate: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_layernorm."""
+
     torch._check(x.dim() >= 1, lambda: "residual_adaln_layernorm: x must have at least one dim")
-    torch._check(h.dtype == x.dtype, lambda: "residual_adaln_layernorm: h must have the dtype of x")
+    torch._check(h.dtype == x.dtype, lambda: f"residual_adaln_layernorm: h has dtype {h.dtype} but x has {x.dtype}")
     torch._check(h.shape == x.shape, lambda: "residual_adaln_layernorm: h must have the shape of x")
-    torch._check(scale.dtype == x.dtype, lambda: "residual_adaln_layernorm: scale must have the dtype of x")
+    torch._check(scale.dtype == x.dtype, lambda: f"residual_adaln_layernorm: scale has dtype {scale.dtype} but x has {x.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == x.dtype, lambda: "residual_adaln_layernorm: shift must have the dtype of x")
+    torch._check(shift.dtype == x.dtype, lambda: f"residual_adaln_layernorm: shift has dtype {shift.dtype} but x has {x.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
     if gate is not None:
-        torch._check(gate.dtype == x.dtype, lambda: "residual_adaln_layernorm: gate must have the dtype of x")
+        torch._check(gate.dtype == x.dtype, lambda: f"residual_adaln_layernorm: gate has dtype {gate.dtype} but x has {x.dtype}")
         torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                     enumerate(zip(gate.shape, x.shape))),
                      lambda: f"residual_adaln_layernorm: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
@@ -68,23 +69,24 @@ _register_fake("residual_adaln_layernorm_diffusers", _residual_adaln_layernorm_f
 
 def _residual_adaln_layernorm_backward_fake(x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, gate: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_adaln_layernorm_backward."""
+
     torch._check(x.dim() >= 1, lambda: "residual_adaln_layernorm_backward: x must have at least one dim")
-    torch._check(h.dtype == x.dtype, lambda: "residual_adaln_layernorm_backward: h must have the dtype of x")
+    torch._check(h.dtype == x.dtype, lambda: f"residual_adaln_layernorm_backward: h has dtype {h.dtype} but x has {x.dtype}")
     torch._check(h.shape == x.shape, lambda: "residual_adaln_layernorm_backward: h must have the shape of x")
-    torch._check(scale.dtype == x.dtype, lambda: "residual_adaln_layernorm_backward: scale must have the dtype of x")
+    torch._check(scale.dtype == x.dtype, lambda: f"residual_adaln_layernorm_backward: scale has dtype {scale.dtype} but x has {x.dtype}")
     torch._check(scale.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(scale.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm_backward: scale must broadcast to {list(x.shape)}, got {list(scale.shape)}")
-    torch._check(shift.dtype == x.dtype, lambda: "residual_adaln_layernorm_backward: shift must have the dtype of x")
+    torch._check(shift.dtype == x.dtype, lambda: f"residual_adaln_layernorm_backward: shift has dtype {shift.dtype} but x has {x.dtype}")
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"residual_adaln_layernorm_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "residual_adaln_layernorm_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"residual_adaln_layernorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "residual_adaln_layernorm_backward: grad_out must have the shape of x")
-    torch._check(grad_residual_out.dtype == x.dtype, lambda: "residual_adaln_layernorm_backward: grad_residual_out must have the dtype of x")
+    torch._check(grad_residual_out.dtype == x.dtype, lambda: f"residual_adaln_layernorm_backward: grad_residual_out has dtype {grad_residual_out.dtype} but x has {x.dtype}")
     torch._check(grad_residual_out.shape == x.shape, lambda: "residual_adaln_layernorm_backward: grad_residual_out must have the shape of x")
     if gate is not None:
-        torch._check(gate.dtype == x.dtype, lambda: "residual_adaln_layernorm_backward: gate must have the dtype of x")
+        torch._check(gate.dtype == x.dtype, lambda: f"residual_adaln_layernorm_backward: gate has dtype {gate.dtype} but x has {x.dtype}")
         torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                     enumerate(zip(gate.shape, x.shape))),
                      lambda: f"residual_adaln_layernorm_backward: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")

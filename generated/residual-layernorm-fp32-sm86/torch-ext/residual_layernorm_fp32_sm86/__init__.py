@@ -40,18 +40,19 @@ def _register_fake(name: str, fake) -> None:
 
 def _residual_layernorm_fp32_fake(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_layernorm_fp32."""
+
     torch._check(x.dim() >= 1, lambda: "residual_layernorm_fp32: x must have at least one dim")
     if weight is not None:
-        torch._check(weight.dtype == torch.float32, lambda: "residual_layernorm_fp32: weight must be float32")
+        torch._check(weight.dtype == torch.float32, lambda: f"residual_layernorm_fp32: weight must be float32, got {weight.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
                      lambda: f"residual_layernorm_fp32: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
     if bias is not None:
-        torch._check(bias.dtype == torch.float32, lambda: "residual_layernorm_fp32: bias must be float32")
+        torch._check(bias.dtype == torch.float32, lambda: f"residual_layernorm_fp32: bias must be float32, got {bias.dtype}")
         torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
                      lambda: f"residual_layernorm_fp32: bias must have shape [{x.shape[-1]}], got {list(bias.shape)}")
-    torch._check(h.dtype == x.dtype, lambda: "residual_layernorm_fp32: h must have the dtype of x")
+    torch._check(h.dtype == x.dtype, lambda: f"residual_layernorm_fp32: h has dtype {h.dtype} but x has {x.dtype}")
     torch._check(h.shape == x.shape, lambda: "residual_layernorm_fp32: h must have the shape of x")
-    torch._check(gate.dtype == torch.float32, lambda: "residual_layernorm_fp32: gate must be float32")
+    torch._check(gate.dtype == torch.float32, lambda: f"residual_layernorm_fp32: gate must be float32, got {gate.dtype}")
     torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(gate.shape, x.shape))),
                  lambda: f"residual_layernorm_fp32: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
@@ -63,24 +64,25 @@ _register_fake("residual_layernorm_fp32", _residual_layernorm_fp32_fake)
 
 def _residual_layernorm_fp32_backward_fake(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_layernorm_fp32_backward."""
+
     torch._check(x.dim() >= 1, lambda: "residual_layernorm_fp32_backward: x must have at least one dim")
     if weight is not None:
-        torch._check(weight.dtype == torch.float32, lambda: "residual_layernorm_fp32_backward: weight must be float32")
+        torch._check(weight.dtype == torch.float32, lambda: f"residual_layernorm_fp32_backward: weight must be float32, got {weight.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
                      lambda: f"residual_layernorm_fp32_backward: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
     if bias is not None:
-        torch._check(bias.dtype == torch.float32, lambda: "residual_layernorm_fp32_backward: bias must be float32")
+        torch._check(bias.dtype == torch.float32, lambda: f"residual_layernorm_fp32_backward: bias must be float32, got {bias.dtype}")
         torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
                      lambda: f"residual_layernorm_fp32_backward: bias must have shape [{x.shape[-1]}], got {list(bias.shape)}")
-    torch._check(h.dtype == x.dtype, lambda: "residual_layernorm_fp32_backward: h must have the dtype of x")
+    torch._check(h.dtype == x.dtype, lambda: f"residual_layernorm_fp32_backward: h has dtype {h.dtype} but x has {x.dtype}")
     torch._check(h.shape == x.shape, lambda: "residual_layernorm_fp32_backward: h must have the shape of x")
-    torch._check(gate.dtype == torch.float32, lambda: "residual_layernorm_fp32_backward: gate must be float32")
+    torch._check(gate.dtype == torch.float32, lambda: f"residual_layernorm_fp32_backward: gate must be float32, got {gate.dtype}")
     torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(gate.shape, x.shape))),
                  lambda: f"residual_layernorm_fp32_backward: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "residual_layernorm_fp32_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"residual_layernorm_fp32_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "residual_layernorm_fp32_backward: grad_out must have the shape of x")
-    torch._check(grad_residual_out.dtype == x.dtype, lambda: "residual_layernorm_fp32_backward: grad_residual_out must have the dtype of x")
+    torch._check(grad_residual_out.dtype == x.dtype, lambda: f"residual_layernorm_fp32_backward: grad_residual_out has dtype {grad_residual_out.dtype} but x has {x.dtype}")
     torch._check(grad_residual_out.shape == x.shape, lambda: "residual_layernorm_fp32_backward: grad_residual_out must have the shape of x")
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(gate.shape, dtype=torch.float32, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0], dtype=torch.float32), x.new_empty(x.shape[-1:] if bias is not None else [0], dtype=torch.float32))
 

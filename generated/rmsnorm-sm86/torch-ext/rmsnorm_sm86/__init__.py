@@ -40,6 +40,7 @@ def _register_fake(name: str, fake) -> None:
 
 def _rmsnorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rmsnorm."""
+
     torch._check(x.dim() >= 1, lambda: "rmsnorm: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"rmsnorm: weight has dtype {weight.dtype} but x has {x.dtype}")
@@ -54,12 +55,13 @@ _register_fake("rmsnorm_transformers", _rmsnorm_fake)
 
 def _rmsnorm_backward_fake(x: torch.Tensor, grad_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rmsnorm_backward."""
+
     torch._check(x.dim() >= 1, lambda: "rmsnorm_backward: x must have at least one dim")
     if weight is not None:
         torch._check(weight.dtype == x.dtype, lambda: f"rmsnorm_backward: weight has dtype {weight.dtype} but x has {x.dtype}")
         torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
                      lambda: f"rmsnorm_backward: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
-    torch._check(grad_out.dtype == x.dtype, lambda: "rmsnorm_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"rmsnorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "rmsnorm_backward: grad_out must have the shape of x")
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]))
 

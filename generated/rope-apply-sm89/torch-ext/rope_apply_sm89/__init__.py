@@ -50,9 +50,9 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 def _rope_apply_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_apply."""
     torch._check(x.dim() >= 1, lambda: "rope_apply: x must have at least one dim")
-    torch._check(cos.dtype == torch.float32, lambda: "rope_apply: cos must be float32")
+    torch._check(cos.dtype == torch.float32, lambda: f"rope_apply: cos must be float32, got {cos.dtype}")
     torch._check(cos.shape[-1] == x.shape[-1], lambda: "rope_apply: cos must have x's last dim")
-    torch._check(sin.dtype == torch.float32, lambda: "rope_apply: sin must be float32")
+    torch._check(sin.dtype == torch.float32, lambda: f"rope_apply: sin must be float32, got {sin.dtype}")
     torch._check(sin.shape[-1] == x.shape[-1], lambda: "rope_apply: sin must have x's last dim")
     return _output_like(x)
 
@@ -63,9 +63,9 @@ _register_fake("rope_apply", _rope_apply_fake)
 def _rope_apply_backward_fake(grad_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_apply_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope_apply_backward: grad_out must have at least one dim")
-    torch._check(cos.dtype == torch.float32, lambda: "rope_apply_backward: cos must be float32")
+    torch._check(cos.dtype == torch.float32, lambda: f"rope_apply_backward: cos must be float32, got {cos.dtype}")
     torch._check(cos.shape[-1] == grad_out.shape[-1], lambda: "rope_apply_backward: cos must have grad_out's last dim")
-    torch._check(sin.dtype == torch.float32, lambda: "rope_apply_backward: sin must be float32")
+    torch._check(sin.dtype == torch.float32, lambda: f"rope_apply_backward: sin must be float32, got {sin.dtype}")
     torch._check(sin.shape[-1] == grad_out.shape[-1], lambda: "rope_apply_backward: sin must have grad_out's last dim")
     return _output_like(grad_out)
 

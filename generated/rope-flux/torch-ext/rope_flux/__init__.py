@@ -54,9 +54,9 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 def _rope_flux_fake(x: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, dim_0: int = 16, dim_1: int = 56, dim_2: int = 56) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_flux."""
     torch._check(x.dim() >= 1, lambda: "rope_flux: x must have at least one dim")
-    torch._check(k.dtype == x.dtype, lambda: "rope_flux: k must have the dtype of x")
+    torch._check(k.dtype == x.dtype, lambda: f"rope_flux: k has dtype {k.dtype} but x has {x.dtype}")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope_flux: k must have x's last dim")
-    torch._check(positions.dtype == torch.float32, lambda: "rope_flux: positions must be float32")
+    torch._check(positions.dtype == torch.float32, lambda: f"rope_flux: positions must be float32, got {positions.dtype}")
     return (_output_like(x), _output_like(k))
 
 
@@ -66,9 +66,9 @@ _register_fake("rope_flux", _rope_flux_fake)
 def _rope_flux_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, dim_0: int = 16, dim_1: int = 56, dim_2: int = 56) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_flux_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope_flux_backward: grad_out must have at least one dim")
-    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope_flux_backward: grad_k_out must have the dtype of grad_out")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"rope_flux_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope_flux_backward: grad_k_out must have grad_out's last dim")
-    torch._check(positions.dtype == torch.float32, lambda: "rope_flux_backward: positions must be float32")
+    torch._check(positions.dtype == torch.float32, lambda: f"rope_flux_backward: positions must be float32, got {positions.dtype}")
     return (_output_like(grad_out), _output_like(grad_k_out))
 
 

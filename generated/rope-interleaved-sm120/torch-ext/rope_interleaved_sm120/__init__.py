@@ -63,11 +63,11 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 def _rope_interleaved_fake(x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_interleaved."""
     torch._check(x.dim() >= 1, lambda: "rope_interleaved: x must have at least one dim")
-    torch._check(k.dtype == x.dtype, lambda: "rope_interleaved: k must have the dtype of x")
+    torch._check(k.dtype == x.dtype, lambda: f"rope_interleaved: k has dtype {k.dtype} but x has {x.dtype}")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope_interleaved: k must have x's last dim")
-    torch._check(cos.dtype == x.dtype, lambda: "rope_interleaved: cos must have the dtype of x")
+    torch._check(cos.dtype == x.dtype, lambda: f"rope_interleaved: cos has dtype {cos.dtype} but x has {x.dtype}")
     torch._check(cos.shape[-1] == x.shape[-1], lambda: "rope_interleaved: cos must have x's last dim")
-    torch._check(sin.dtype == x.dtype, lambda: "rope_interleaved: sin must have the dtype of x")
+    torch._check(sin.dtype == x.dtype, lambda: f"rope_interleaved: sin has dtype {sin.dtype} but x has {x.dtype}")
     torch._check(sin.shape[-1] == x.shape[-1], lambda: "rope_interleaved: sin must have x's last dim")
     return (_output_like(x), _output_like(k))
 
@@ -86,11 +86,11 @@ _register_fake("rope_interleaved_transformers_", _rope_interleaved_inplace_fake)
 def _rope_interleaved_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_interleaved_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope_interleaved_backward: grad_out must have at least one dim")
-    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope_interleaved_backward: grad_k_out must have the dtype of grad_out")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"rope_interleaved_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope_interleaved_backward: grad_k_out must have grad_out's last dim")
-    torch._check(cos.dtype == grad_out.dtype, lambda: "rope_interleaved_backward: cos must have the dtype of grad_out")
+    torch._check(cos.dtype == grad_out.dtype, lambda: f"rope_interleaved_backward: cos has dtype {cos.dtype} but grad_out has {grad_out.dtype}")
     torch._check(cos.shape[-1] == grad_out.shape[-1], lambda: "rope_interleaved_backward: cos must have grad_out's last dim")
-    torch._check(sin.dtype == grad_out.dtype, lambda: "rope_interleaved_backward: sin must have the dtype of grad_out")
+    torch._check(sin.dtype == grad_out.dtype, lambda: f"rope_interleaved_backward: sin has dtype {sin.dtype} but grad_out has {grad_out.dtype}")
     torch._check(sin.shape[-1] == grad_out.shape[-1], lambda: "rope_interleaved_backward: sin must have grad_out's last dim")
     return (_output_like(grad_out), _output_like(grad_k_out))
 

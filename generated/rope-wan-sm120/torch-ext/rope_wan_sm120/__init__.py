@@ -56,7 +56,7 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 def _rope_wan_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, dim_t: int = 44, dim_h: int = 42, dim_w: int = 42) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_wan."""
     torch._check(x.dim() >= 1, lambda: "rope_wan: x must have at least one dim")
-    torch._check(k.dtype == x.dtype, lambda: "rope_wan: k must have the dtype of x")
+    torch._check(k.dtype == x.dtype, lambda: f"rope_wan: k has dtype {k.dtype} but x has {x.dtype}")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope_wan: k must have x's last dim")
     return (_output_like(x), _output_like(k))
 
@@ -67,7 +67,7 @@ _register_fake("rope_wan", _rope_wan_fake)
 def _rope_wan_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, dim_t: int = 44, dim_h: int = 42, dim_w: int = 42) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_wan_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope_wan_backward: grad_out must have at least one dim")
-    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope_wan_backward: grad_k_out must have the dtype of grad_out")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"rope_wan_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope_wan_backward: grad_k_out must have grad_out's last dim")
     return (_output_like(grad_out), _output_like(grad_k_out))
 

@@ -53,7 +53,7 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 def _rope3d_coords_fake(x: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_coords."""
     torch._check(x.dim() >= 1, lambda: "rope3d_coords: x must have at least one dim")
-    torch._check(coords.dtype == torch.float32, lambda: "rope3d_coords: coords must be float32")
+    torch._check(coords.dtype == torch.float32, lambda: f"rope3d_coords: coords must be float32, got {coords.dtype}")
     return _output_like(x)
 
 
@@ -63,7 +63,7 @@ _register_fake("rope3d_coords", _rope3d_coords_fake)
 def _rope3d_coords_backward_fake(grad_out: torch.Tensor, coords: torch.Tensor, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_coords_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope3d_coords_backward: grad_out must have at least one dim")
-    torch._check(coords.dtype == torch.float32, lambda: "rope3d_coords_backward: coords must be float32")
+    torch._check(coords.dtype == torch.float32, lambda: f"rope3d_coords_backward: coords must be float32, got {coords.dtype}")
     return _output_like(grad_out)
 
 

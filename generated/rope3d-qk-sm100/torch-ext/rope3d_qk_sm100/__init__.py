@@ -61,7 +61,7 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 def _rope3d_qk_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk."""
     torch._check(x.dim() >= 1, lambda: "rope3d_qk: x must have at least one dim")
-    torch._check(k.dtype == x.dtype, lambda: "rope3d_qk: k must have the dtype of x")
+    torch._check(k.dtype == x.dtype, lambda: f"rope3d_qk: k has dtype {k.dtype} but x has {x.dtype}")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope3d_qk: k must have x's last dim")
     return (_output_like(x), _output_like(k))
 
@@ -72,7 +72,7 @@ _register_fake("rope3d_qk", _rope3d_qk_fake)
 def _rope3d_qk_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope3d_qk_backward: grad_out must have at least one dim")
-    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: "rope3d_qk_backward: grad_k_out must have the dtype of grad_out")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"rope3d_qk_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope3d_qk_backward: grad_k_out must have grad_out's last dim")
     return (_output_like(grad_out), _output_like(grad_k_out))
 

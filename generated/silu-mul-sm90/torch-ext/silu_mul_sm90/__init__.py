@@ -39,8 +39,9 @@ def _register_fake(name: str, fake) -> None:
 
 def _silu_mul_fake(x: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through silu_mul."""
+
     torch._check(x.dim() >= 1, lambda: "silu_mul: x must have at least one dim")
-    torch._check(up.dtype == x.dtype, lambda: "silu_mul: up must have the dtype of x")
+    torch._check(up.dtype == x.dtype, lambda: f"silu_mul: up has dtype {up.dtype} but x has {x.dtype}")
     torch._check(up.shape == x.shape, lambda: "silu_mul: up must have the shape of x")
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
@@ -51,10 +52,11 @@ _register_fake("silu_mul_transformers", _silu_mul_fake)
 
 def _silu_mul_backward_fake(x: torch.Tensor, up: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through silu_mul_backward."""
+
     torch._check(x.dim() >= 1, lambda: "silu_mul_backward: x must have at least one dim")
-    torch._check(up.dtype == x.dtype, lambda: "silu_mul_backward: up must have the dtype of x")
+    torch._check(up.dtype == x.dtype, lambda: f"silu_mul_backward: up has dtype {up.dtype} but x has {x.dtype}")
     torch._check(up.shape == x.shape, lambda: "silu_mul_backward: up must have the shape of x")
-    torch._check(grad_out.dtype == x.dtype, lambda: "silu_mul_backward: grad_out must have the dtype of x")
+    torch._check(grad_out.dtype == x.dtype, lambda: f"silu_mul_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "silu_mul_backward: grad_out must have the shape of x")
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
