@@ -413,7 +413,7 @@ def bench(
         raise UsageError("name one op, pass --all, or --e2e ltx|ltx-train|flux|wan|qwen3|qwen3-train")
     options = dict(repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype), rounds=rounds)
     if sweep:
-        from .sweep import run_sweep, sweepable
+        from .sweep import run_sweep, stem, sweepable
 
         if graphs or backward:
             raise UsageError("--sweep times the forward with events: drop --graphs and --backward")
@@ -421,7 +421,7 @@ def bench(
         for i, name in enumerate(ops, 1):
             console.rule(f"{name} sweep ({i}/{len(ops)})")
             run_sweep(name, out=out, per_batch=per_batch, seed=seed, **options)
-            console.print((out / f"{name}-sweep{'-per-batch' if per_batch else ''}.md").read_text())
+            console.print((out / f"{stem(name, per_batch)}.md").read_text())
         return
     path = run_suite(op_names() if all_ops else [op], out=out, graphs=graphs, backward=backward, **options)
     console.print(f"wrote {path}")

@@ -22,9 +22,8 @@ from .families.base import Case
 HIDDEN = (128, 1000, 2048, 4099, 5120, 8192, 14336, 32768, 65536)
 ROWS = (1, 64, 333, 2048, 8192, 32768)
 RANDOM_SHAPES = 6  # log-uniform rows 1..65536 and hidden 64..65536, any integer
-MAX_ELEMENTS = (
-    1 << 28
-)  # per tensor: 512 MB of bf16, so every input and output of a point fits beside the rest
+# per tensor: 512 MB of bf16, so every input and output of a point fits beside the rest
+MAX_ELEMENTS = 1 << 28
 JUDGED_BYTES = 1 * MB  # the bar applies above this much traffic
 
 

@@ -80,8 +80,9 @@ def held_out_cases(op: str, arch: str, dtype: str, buckets: list, seed: int = 0)
             break
         rows, hidden = random_shape(rng)
         bucket = plan_launch(spec, profile, dtype, rows, hidden).bucket
-        if bucket.vectorized and len(found.get(bucket.max_row_bytes, [None] * HELD_OUT)) < HELD_OUT:
-            found[bucket.max_row_bytes].append(Case((1, rows, hidden)))
+        cases = found.get(bucket.max_row_bytes)
+        if bucket.vectorized and cases is not None and len(cases) < HELD_OUT:
+            cases.append(Case((1, rows, hidden)))
     return [c for cases in found.values() for c in cases]
 
 
@@ -170,9 +171,8 @@ def tune(
         }
         measured = {t: entry["us"][name] for t, name in names.items()}
         out = held.get(bucket, {"shapes": [], "us": {}})
-        best = choose(
-            measured, rule_threads, table.margin, {t: out["us"][n] for t, n in names.items() if out["us"]}
-        )
+        held_us = {t: out["us"][name] for t, name in names.items()} if out["shapes"] else {}
+        best = choose(measured, rule_threads, table.margin, held_us)
         found.append(
             TunedChoice(
                 op=op,
