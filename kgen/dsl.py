@@ -135,6 +135,7 @@ GENERATED_SUFFIXES = (
     "3",
     "4",
     "_stride",
+    "_dense",
 )
 
 

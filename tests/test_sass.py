@@ -2,7 +2,8 @@
 vector path and uses no local memory. Two sources of evidence, each kernel entry checked apart:
 the PTX (`nvcc -ptx`, everywhere nvcc is: CI) and, where cuobjdump is on PATH (a CUDA machine),
 the SASS of the compiled object (`cuobjdump -sass`). Which entries are the vector path is read
-from the emitted .cu: the kernel template's ELEMS × sizeof(T) is 16 bytes there; the scalar
+from the emitted .cu: the kernel template's ELEMS × sizeof(T) is 16 bytes there (and its VEC, where it
+has one, is true); the scalar
 fallbacks legitimately access one element at a time. Spills and stack frames of every kernel are
 test_toolchain's; here a stack frame only tells sincosf's buffer from other local memory."""
 
@@ -29,6 +30,9 @@ ELEM_BYTES = {"float": 4, "__half": 2, "__nv_bfloat16": 2}
 # sincosf reduces huge arguments (Payne-Hanek) through 7 words in local memory; ptxas rounds that
 # to a 32-byte frame. Kernels that compute angles (a spec with a grid) may keep that buffer.
 PAYNE_HANEK_BYTES, PAYNE_HANEK_FRAME = 28, 32
+# float64 sin/cos (grids whose angles are float64, as the library's tables) reduce through 64-bit words: a
+# 40-byte frame (ptxas, nvcc 13.0: rope_flux, rope_wan)
+PAYNE_HANEK_FRAME_FP64 = 40
 
 # ---------------------------------------------------------------------------------------------
 # Parsers: kernel templates of the .cu, functions of a PTX or SASS listing, their memory accesses.
@@ -165,9 +169,9 @@ def classify(
         dtype = values["T"]
         assert dtype in ELEM_BYTES, f"{name}: unknown element type {dtype}"
         short = re.sub(r"\w+::\(anonymous namespace\)::|\bkgen_\w+::", "", f"{kernel}<{', '.join(args)}>")
-        kernels.append(
-            Kernel(short, dtype, int(values["ELEMS"]) * ELEM_BYTES[dtype] == 16, functions[mangled])
-        )
+        # a VEC template parameter, where the kernel has one, says whether ELEMS are one access or one each
+        vector = int(values["ELEMS"]) * ELEM_BYTES[dtype] == 16 and values.get("VEC", "true") == "true"
+        kernels.append(Kernel(short, dtype, vector, functions[mangled]))
     return kernels
 
 
@@ -186,15 +190,18 @@ def vector_access_problems(kernels: list[Kernel], evidence: str) -> list[str]:
     return problems
 
 
-def local_memory_problems(kernels: list[Kernel], evidence: str, angles: bool) -> list[str]:
-    """No local memory, but for sincosf's Payne-Hanek buffer in kernels that compute angles."""
+def local_memory_problems(
+    kernels: list[Kernel], evidence: str, angles: bool, frame: int = PAYNE_HANEK_FRAME
+) -> list[str]:
+    """No local memory, but for sin/cos's Payne-Hanek buffer in kernels that compute angles (a stack frame of
+    up to ``frame`` bytes in SASS)."""
     problems = []
     for k in kernels:
         a = k.accesses
         sincos_buffer = angles and (
             a.payne_hanek and a.local_bytes <= PAYNE_HANEK_BYTES
             if evidence == "PTX"
-            else a.local_bytes <= PAYNE_HANEK_FRAME
+            else a.local_bytes <= frame
         )
         if not a.local or sincos_buffer:
             continue
@@ -390,6 +397,7 @@ def test_vector_kernels_issue_16_byte_global_loads_and_stores(listings, op):
 def test_hot_kernels_use_no_local_memory(listings, op):
     evidence, futures = listings
     kernels = futures[op].result()
-    angles = getattr(load_spec(op).structure, "grid", None) is not None
-    problems = local_memory_problems(kernels, evidence, angles)
+    grid = getattr(load_spec(op).structure, "grid", None)
+    frame = PAYNE_HANEK_FRAME_FP64 if grid is not None and grid.precision == "float64" else PAYNE_HANEK_FRAME
+    problems = local_memory_problems(kernels, evidence, grid is not None, frame)
     assert not problems, f"{op}: {len(problems)} kernels with local memory\n" + "\n".join(problems[:10])

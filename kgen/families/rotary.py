@@ -1,10 +1,12 @@
 """The rotary family: pairwise rotation of q (and k) by angles read from cos/sin tables or computed in the
 kernel from each token's place on a latent grid or given positions (text-model RoPE; LTX-Video's, Flux's and
-Wan's RoPE: the grid angles in rotary_grid.py).
+Wan's RoPE: the grid angles in rotary_grid.py), optionally after an RMS norm of each head or token in the
+same pass (the q/k norms before a model's RoPE).
 
-DSL: `Rotary(pairing, rotates, tables | grid, conventions)`. Plan: a thread keeps one channel group and
-walks tokens, rotating every head of a token with cos and sin fetched once; the grid stops at one full
-wave; heads in flight per pairing (profile [planner.rotary]). Templates: codegen_templates/rotary/."""
+DSL: `Rotary(pairing, rotates, tables | grid, norm, conventions)`. Plan: a thread keeps one channel group
+and walks tokens, rotating every head of a token with cos and sin fetched once; the grid stops at one full
+wave; heads in flight per pairing (profile [planner.rotary]); a norm sums across the lanes that share a head
+or token with warp shuffles. Templates: codegen_templates/rotary/."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from .base import (
     vector_notes,
 )
 from .rotary_grid import COORDINATES, GridAngles, GridCode, coord, freq, k, n_freq  # noqa: F401 (the specs' names)
+from .rotary_norm import WEIGHT_DIMS, NormCode, RotaryNorm, inv_count, row_sum, rstd, weight  # noqa: F401
 
 # an element's pair partner is <name>_pair; sign is -1 on a pair's first element, +1 on its second;
 # cos_pair and sin_pair are the partner's table values (equal to cos and sin in every table a model builds,
@@ -55,11 +58,24 @@ class Rotary(Structure):
     rotates: list[Identifier] = Field(min_length=1, max_length=2)
     tables: tuple[Identifier, Identifier] | None = None
     grid: GridAngles | None = None
+    norm: RotaryNorm | None = None
 
-    dims = ("*rows hidden", COORDINATES)
+    dims = ("*rows hidden", COORDINATES, *WEIGHT_DIMS.values())
     # the binding's locals and helpers (the kernels reach tensors as args.<name> only), and the rotation's
     # symbols
-    declares = frozenset({"batch", "tokens", "as_bhtd", "load_floats", "store_floats", "sign"})
+    declares = frozenset(
+        {
+            "batch",
+            "tokens",
+            "as_bhtd",
+            "load_floats",
+            "store_floats",
+            "sign",
+            "norm_elems",
+            "norm_lanes",
+            "heads",
+        }
+    )
 
     def check(self, spec: OpSpec) -> set[str]:
         by_name = {t.name: t for t in spec.inputs}
@@ -79,11 +95,14 @@ class Rotary(Structure):
                 f"I/O dtype, not broadcast, the lead ({spec.lead.name!r}) first, and not named cos, sin, "
                 "cos_pair or sin_pair (the rotation's symbols)"
             )
-        if None in tables or set(spec.inputs) - set(rotated) - set(tables) - set(given):
+        weights = [by_name.get(n) for n in self.norm.weights] if self.norm else []
+        if None in tables or set(spec.inputs) - set(rotated) - set(tables) - set(given) - set(weights):
             raise ValueError(
                 "a rotary op takes the tensors it rotates, the cos and sin tables it names in "
-                "`tables` (or a grid's coordinates input), and nothing else"
+                "`tables` (or a grid's coordinates input), its norm's weights, and nothing else"
             )
+        if self.norm is not None:
+            self.norm.check(spec, self.rotates)
         if any(t.dtype != "io" for t in spec.outputs):
             raise ValueError("a rotary op's outputs have the I/O dtype")
         if len(rotated) != len(spec.outputs):
@@ -139,6 +158,7 @@ class RotaryContext(FamilyContext):
     table_float32: bool
     heads_expr: list[str]
     heads_in_flight: int
+    norm: NormCode | None
 
 
 class RotaryFamily(Family):
@@ -171,17 +191,38 @@ class RotaryFamily(Family):
             "storage": "nothing kept: each element is read once and written once",
         }
         scalar = 2 if pairing == "interleaved" else 1  # interleaved: a pair is adjacent, one access
+        if (
+            spec.structure.norm
+        ):  # the same lanes per head on both paths: the vector path's elements, one by one
+            scalar = vector
         buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (vector, scalar)]
         what = "" if pairing == "interleaved" else " (rotate_half pairs: hidden a multiple of twice that)"
+        per_access = "one pair per access" if scalar == 2 else "one element per access"
+        if spec.structure.norm:
+            per_access = f"the vector path's {vector} elements per thread, one per access"
         notes = vector_notes(dtype, vector, elem, "every tensor is", what) | {
-            "scalar path": f"otherwise {'one pair' if scalar == 2 else 'one element'} per access: correct "
-            f"for any "
-            "alignment and any hidden size",
+            "scalar path": f"otherwise {per_access}: correct for any alignment"
+            + ("" if spec.structure.norm else " and any hidden size"),
             "block_threads": reasons["threads_per_row"],
             "heads in flight": f"{heads} head{'s' if heads > 1 else ''} in flight per thread with "
             f"{'rotate_half' if pairing == 'half' else pairing} pairs, "
             "all loaded before the first is stored (profile planner.rotary.heads_in_flight)",
         }
+        if norm := spec.structure.norm:
+            lanes = "head" if norm.over == "head" else "token (every head of it: one thread walks them all)"
+            notes["norm"] = (
+                f"each {lanes} normalized before its rotation, in the same pass: a thread sums its elements, "
+                "then the lanes sharing the "
+                f"{norm.over} (consecutive lanes of one warp) add theirs by warp shuffles; "
+                + (
+                    "the thread's weights are loaded once (it keeps its channels)"
+                    if norm.over == "head"
+                    else "the token's heads are read twice (the sum, then the rotation: the second read "
+                    "from L1/L2)"
+                )
+                + "; the scalar path keeps the vector path's elements per thread, so that the lanes of a "
+                f"{norm.over} are the same"
+            )
         if grid := spec.structure.grid:
             why = "as the matched library's float64 tables" if grid.precision == "float64" else "the default"
             notes["angles"] = (
@@ -229,6 +270,8 @@ class RotaryFamily(Family):
             ("storage", "none", b.reasons["storage"]),
             ("heads in flight", str(kernel.heads_in_flight), kernel.notes["heads in flight"]),
         ]
+        if "norm" in kernel.notes:
+            choices.append(("norm", f"over a {spec.structure.norm.over}", kernel.notes["norm"]))
         if "angles" in kernel.notes:
             choices.append(("angles", spec.structure.grid.precision, kernel.notes["angles"]))
         return LaunchPlan(
@@ -264,8 +307,10 @@ class RotaryFamily(Family):
 
         tables = {"cos": cos, "sin": sin, "sign": sign, "cos_pair": pair(cos), "sin_pair": pair(sin)}
         io, out = io_rounding(lead.dtype), []
-        for name, t in zip(structure.rotates, spec.outputs):
+        for i, (name, t) in enumerate(zip(structure.rotates, spec.outputs)):
             v = given[name].double()
+            if structure.norm:
+                v = structure.norm.normalize(v, given[structure.norm.weights[i]], values, io)
             symbols = values | tables | {name: v, f"{name}_pair": pair(v)}
             out.append(evaluate(conv.outputs[t.name], symbols, io).expand(v.shape))
         return tuple(out)
@@ -278,6 +323,8 @@ class RotaryFamily(Family):
         get no gradient (the binding refuses them requiring one). None where an output is not linear in its
         own input and partner (the gradient would need the inputs: not a rotation)."""
         structure = spec.structure
+        if structure.norm is not None:  # not a rotation of the gradients: the norm's needs the inputs
+            return None
         at_partner = {cos: cos_pair, sin: sin_pair, cos_pair: cos, sin_pair: sin, sign: -sign}
         rotated = {s for n in structure.rotates for s in (n, f"{n}_pair")}
         grads = [gradient_name(t.name) for t in spec.outputs]
@@ -333,6 +380,11 @@ class RotaryFamily(Family):
 
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         structure, shape = spec.structure, tuple(case.shape)
+        if structure.norm and tensor.name in structure.norm.weights:  # [D], or [H·D] of its tensor's heads
+            heads = 1 if len(shape) < 4 else shape[1]
+            if len(shape) == 4 and case.k_heads and structure.norm.weights.index(tensor.name) > 0:
+                heads = case.k_heads
+            return (shape[-1] * (heads if structure.norm.over == "token" else 1),)
         if tensor.dims == COORDINATES:  # [B, axes, S] beside x [B, S, C] or [B, H, S, D]
             return (shape[0], len(structure.grid.axes), shape[-2])
         if tensor.name in (
@@ -347,8 +399,12 @@ class RotaryFamily(Family):
     def example_cases(self, spec: OpSpec) -> list[Case]:
         grid = spec.structure.grid
         if grid is None:
-            return [Case(shape) for shape in [(2, 7, 64), (1, 5, 2), (2, 3, 5, 128), (1, 4, 33, 96)]]
-        return grid.example_cases()
+            cases = [Case(shape) for shape in [(2, 7, 64), (1, 5, 2), (2, 3, 5, 128), (1, 4, 33, 96)]]
+        else:
+            cases = grid.example_cases()
+        if spec.structure.norm:  # the head sizes a norm serves in every dtype: 16 to 128
+            return [c for c in cases if c.shape[-1] in (16, 32, 64, 128)]
+        return cases
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[RotaryPlan]) -> RotaryContext:
         structure, names = spec.structure, printed_names(spec)
@@ -365,6 +421,7 @@ class RotaryFamily(Family):
             },
         )
         grid = structure.grid.code(names) if structure.grid is not None else None
+        norm = structure.norm.code(names, by_name) if structure.norm is not None else None
         fake = [f"_output_like({t.name})" for t in rotated]
         return RotaryContext(
             conventions=conventions,
@@ -378,6 +435,7 @@ class RotaryFamily(Family):
             table_float32=any(t.dtype == "float32" for t in tables),
             heads_expr=[f"args.{t.name}_heads" for t in rotated],
             heads_in_flight=plans[0].heads_in_flight,
+            norm=norm,
         )
 
 

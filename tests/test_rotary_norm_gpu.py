@@ -1,0 +1,238 @@
+"""Rotary ops with a norm before the rotation (qk_norm_rope_flux: RMSNorm over each head; qk_norm_rope_wan:
+over every head of a token) on the GPU: hypothesis property tests against the float64 references (head sizes,
+heads, tokens, dtypes, magnitudes, layouts as the models pass them), the two-op pipelines they replace (kgen's
+rmsnorm then rope_flux / rope_wan, and the spec's diffusers peer), a NaN staying in its head or token, the
+refused head sizes and weights, opcheck and torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import REFUSAL, fit_axis_dims, refused, usable_dtype
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kgen.catalog import load_spec, op_names
+
+pytestmark = pytest.mark.gpu
+
+NORMED = [op for op in op_names() if getattr(load_spec(op).structure, "norm", None) is not None]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+PIPELINE = {"qk_norm_rope_flux": "rope_flux", "qk_norm_rope_wan": "rope_wan"}  # the rotation it fuses
+
+
+@pytest.fixture(scope="module")
+def ops(built):
+    return {op: getattr(built(op)[1], op) for op in [*NORMED, *PIPELINE.values(), "rmsnorm"]}
+
+
+def grid_of(tokens: int) -> list[int]:
+    """frames, height, width with that many tokens (frames·height·width, row-major)."""
+    for frames in (3, 2, 1):
+        if tokens % frames == 0:
+            rest = tokens // frames
+            height = next(h for h in (4, 3, 2, 1) if rest % h == 0)
+            return [frames, height, rest // height]
+    raise AssertionError
+
+
+def make_call(op, dtype, gen, batch, heads, tokens, hidden, layout="bshd", magnitude=1.0, k_heads=None):
+    """Inputs and params: q and k [B, H, S, D] as views of [B, S, H, D] heads ("bshd", as the models pass
+    them), contiguous, or one element off 16-byte alignment ("misaligned": the scalar path); weights around 1;
+    Flux's positions whole numbers up to about 2000; Wan's grid of the tokens."""
+    spec = load_spec(op)
+    k_heads = k_heads or heads
+
+    def heads_tensor(h):
+        raw = torch.randn(batch * tokens * h * hidden + 1, generator=gen, device="cuda") * magnitude
+        raw = raw.to(dtype)
+        if layout == "misaligned":
+            return raw[1:].view(batch, h, tokens, hidden)
+        if layout == "bshd":
+            return raw[:-1].view(batch, tokens, h, hidden).transpose(1, 2)
+        return raw[:-1].view(batch, h, tokens, hidden)
+
+    over_token = spec.structure.norm.over == "token"
+
+    def weight(h):
+        n = hidden * (h if over_token else 1)
+        return (1 + 0.5 * torch.randn(n, generator=gen, device="cuda")).to(dtype)
+
+    inputs = [heads_tensor(heads), heads_tensor(k_heads), weight(heads), weight(k_heads)]
+    params = [p.default for p in spec.params]
+    named = {p.name: i for i, p in enumerate(spec.params)}
+    if "positions" in {t.name for t in spec.inputs}:
+        positions = (torch.randn(1, 3, tokens, generator=gen, device="cuda").abs() * 700).round()
+        inputs.append(positions.expand(batch, -1, -1))
+    else:
+        params[:3] = grid_of(tokens)
+    params = fit_axis_dims(spec, hidden, params)
+    params[named["eps"]] = 1e-6
+    return inputs, params
+
+
+def check(op, outs, inputs, params):
+    """Each output within one rounding of the float64 reference, for the rotated values the reference
+    normalizes (a normed value one unit in the last place apart where the fp32 sum rounds a tie the other
+    way is within the bound)."""
+    spec = load_spec(op)
+    want = spec.reference(*inputs, *params)
+    pipeline = load_spec(PIPELINE[op])
+    cos, sin = pipeline.reference(*inputs[:2], *inputs[4:], *params[:-1], tables=True)
+    cos, sin = (cos.unsqueeze(1) if cos.dim() == 3 else cos), (sin.unsqueeze(1) if sin.dim() == 3 else sin)
+    over_token = spec.structure.norm.over == "token"
+    for out, w, x, weight in zip(outs, want, inputs[:2], inputs[2:4]):
+        assert out.shape == x.shape and out.dtype == x.dtype
+        normed = norm_reference(x, weight, params[-1], over_token)
+        partner = normed.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        magnitude = normed.abs() * cos.double().abs() + partner.abs() * sin.double().abs()
+        # 16-bit: a normed value one unit apart; float32: the fp32 sum of squares and rsqrtf (a few units)
+        ulp, normed_error = ULP[x.dtype], max(ULP[x.dtype], 2.0**-18)
+        bound = ulp * w.abs() + (normed_error + 4 * 2.0**-24) * magnitude
+        bound += torch.finfo(x.dtype).smallest_normal * ulp
+        bad = (out.double() - w).abs() > bound
+        if bad.any():
+            i = bad.flatten().nonzero()[0].item()
+            raise AssertionError(
+                f"{op}: {int(bad.sum())} of {bad.numel()} off; e.g. got {out.flatten()[i].item()!r}, want "
+                f"{w.flatten()[i].item()!r}"
+            )
+
+
+def norm_reference(x, weight, eps, over_token):
+    """The normalized x as float64 of its dtype's values: the rotation's input in the reference."""
+    x64 = x.double()
+    dims = (1, -1) if over_token else (-1,)
+    w = weight.double().reshape(x.shape[1], 1, x.shape[-1]) if over_token else weight.double()
+    return (x64 * torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + eps) * w).to(x.dtype).double()
+
+
+@st.composite
+def cases(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    widest = 128 if dtype == torch.float32 else 256  # 32 lanes of one 16-byte access each
+    return dict(
+        op=draw(st.sampled_from(NORMED)),
+        dtype=dtype,
+        batch=draw(st.integers(1, 3)),
+        heads=draw(st.sampled_from([1, 2, 3, 12])),
+        tokens=draw(st.sampled_from([1, 2, 7, 24, 60, 257])),
+        hidden=draw(st.sampled_from([d for d in (8, 16, 32, 64, 128, 256) if d <= widest])),
+        layout=draw(st.sampled_from(["bshd", "contiguous", "misaligned"])),
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_matches_reference(ops, case):
+    op, dtype = case["op"], case["dtype"]
+    gen = torch.Generator(device="cuda").manual_seed(case["seed"])
+    keys = ("batch", "heads", "tokens", "hidden", "layout", "magnitude")
+    inputs, params = make_call(op, dtype, gen, *(case[k] for k in keys))
+    if refused(dtype):
+        with pytest.raises(TypeError, match=REFUSAL):
+            ops[op](*inputs, *params)
+        return
+    check(op, ops[op](*inputs, *params), inputs, params)
+
+
+@pytest.mark.parametrize("op", NORMED)
+@pytest.mark.parametrize("shape", [(1, 24, 4608, 128), (1, 12, 2 * 30 * 52, 128)])
+def test_equals_the_two_ops_it_replaces(ops, record_property, op, shape):
+    """Against kgen's rmsnorm then the rotation op (what the model integrations ran before) at a model's
+    shape: equal but where the two reductions' fp32 sums round a normed value apart (counted; at most one
+    in a thousand, each within the reference's bound); and against the spec's peer (F.rms_norm, then
+    diffusers' apply_rotary_emb with fp32 tables) within the same bound."""
+    dtype = usable_dtype()
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape))
+    batch, heads, tokens, hidden = shape
+    inputs, params = make_call(op, dtype, gen, batch, heads, tokens, hidden)
+    got = ops[op](*inputs, *params)
+    check(op, got, inputs, params)
+    x, k, xw, kw, *rest = inputs
+    eps, rope_params = params[-1], params[:-1]
+    if load_spec(op).structure.norm.over == "head":
+        normed = [ops["rmsnorm"](t, w, eps) for t, w in ((x, xw), (k, kw))]
+    else:  # over [B, S, H·D], as the model's norm sees the projection
+        normed = [
+            ops["rmsnorm"](t.transpose(1, 2).flatten(2), w, eps).unflatten(2, t.shape[1::2]).transpose(1, 2)
+            for t, w in ((x, xw), (k, kw))
+        ]
+    two_ops = ops[PIPELINE[op]](*normed, *rest, *rope_params)
+    differ = sum(int((a != b).sum()) for a, b in zip(got, two_ops))
+    record_property("differ_from_two_ops", differ)
+    assert differ <= 1e-3 * sum(t.numel() for t in got), differ
+    peer = next(iter(load_spec(op).peers.values()))
+    check(op, peer(*inputs, *params), inputs, params)
+
+
+@pytest.mark.parametrize("op", NORMED)
+def test_nan_stays_in_its_head_or_token(ops, op):
+    """A NaN in one element of q: NaN in its head of its token (Flux, over a head) or in every head of q at
+    its token (Wan, over a token), nowhere else; k untouched."""
+    dtype = usable_dtype()
+    inputs, params = make_call(op, dtype, torch.Generator(device="cuda").manual_seed(7), 2, 3, 24, 128)
+    inputs[0][1, 2, 5, 17] = float("nan")
+    out, k_out = ops[op](*inputs, *params)
+    expected = torch.zeros_like(out, dtype=torch.bool)
+    if load_spec(op).structure.norm.over == "head":
+        expected[1, 2, 5, :] = True
+    else:
+        expected[1, :, 5, :] = True
+    assert torch.equal(out.isnan(), expected)
+    assert not k_out.isnan().any()
+
+
+@pytest.mark.parametrize("op", NORMED)
+def test_refusals(ops, op):
+    """Head sizes whose lanes are no power of two up to a warp, and weights of the wrong shape or dtype,
+    are refused naming the argument."""
+    spec = load_spec(op)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    dtype = usable_dtype()
+    for hidden in (96, 512):
+        inputs, params = make_call(op, dtype, gen, 1, 2, 24, hidden)
+        message = (
+            rf"{op}: the norm before the rotation serves head sizes D = 8 · 2\^k up to 256 in "
+            rf"(BFloat16|Half) \(D / 8 lanes of one warp sum a (head|token)\), got D = {hidden}"
+        )
+        with pytest.raises(ValueError, match=message):
+            ops[op](*inputs, *params)
+    inputs, params = make_call(op, dtype, gen, 1, 2, 24, 128)
+    shape = r"\[D\] = \[128\]" if spec.structure.norm.over == "head" else r"\[H·D\] = \[256\] or \[H, D\]"
+    with pytest.raises(ValueError, match=rf"{op}: x_weight must have shape {shape}"):
+        ops[op](inputs[0], inputs[1], inputs[2][:-2], *inputs[3:], *params)
+    with pytest.raises(TypeError, match=rf"{op}: k_weight has dtype Float but x has"):
+        ops[op](*inputs[:3], inputs[3].float(), *inputs[4:], *params)
+
+
+@pytest.mark.parametrize("op", NORMED)
+def test_opcheck_and_compile(built, ops, op):
+    overload = getattr(built(op)[1]._ops.ops, op)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in DTYPES:
+        inputs, params = make_call(op, dtype, gen, 2, 3, 24, 64)
+        if refused(dtype):
+            continue
+        torch.library.opcheck(overload, (*inputs, *params))
+    torch._dynamo.reset()
+    inputs, params = make_call(op, usable_dtype(), gen, 2, 3, 24, 128)
+
+    def block(x, *rest):
+        outs = ops[op](x * 2, *rest, *params)
+        return tuple(o + 1 for o in outs)
+
+    torch.testing.assert_close(torch.compile(block, fullgraph=True)(*inputs), block(*inputs), rtol=0, atol=0)
+    assert torch._dynamo.explain(block)(*inputs).graph_break_count == 0
+
+
+@pytest.mark.parametrize("op", NORMED)
+def test_empty_input(ops, op):
+    """No batch: empty outputs of the inputs' shape (the grid ops' 1·1·1 grid)."""
+    inputs, params = make_call(op, torch.float16, torch.Generator(device="cuda").manual_seed(2), 1, 2, 1, 64)
+    inputs = [t[:0] if i in (0, 1, 4) else t for i, t in enumerate(inputs)]
+    for out in ops[op](*inputs, *params):
+        assert out.shape == (0, 2, 1, 64)
