@@ -1,6 +1,7 @@
 """What the diffusers patches share (kgen.integrations.diffusers, flux, wan): the refusal of a model that
-hooks already wrap, the residual add a patched block leaves to the next norm, and the forwards of
-torch.nn.RMSNorm and of GELU(approximate="tanh") on kgen's ops."""
+hooks already wrap, the residual add a patched block leaves to the next norm, the forwards of
+torch.nn.RMSNorm and of GELU(approximate="tanh") on kgen's ops, and when an attention's q/k norms and its
+rotation run as one kernel."""
 
 from __future__ import annotations
 
@@ -44,3 +45,27 @@ def gelu_forward(kernel, project: bool):
         return kernel.gelu_tanh(self.proj(hidden_states) if project else hidden_states)
 
     return forward
+
+
+ACCESS_BYTES = 16  # a thread's access in the rotary kernels (every arch profile's max_access_bytes)
+
+
+def fuses_qk_norms(q, norm_q, norm_k) -> bool:
+    """Whether an attention's q/k norms (torch.nn.RMSNorm) and the rotation after them run as one
+    qk_norm_rope_* launch: no gradient wanted (the fused op is forward only; training runs rmsnorm and the
+    rotation, each with its backward), one eps, both weights present in q's dtype, and a head size D = q's
+    last dim whose lanes the kernel serves (D / (elements per 16-byte access) a power of two up to 32)."""
+    import torch
+
+    weights = norm_q.weight, norm_k.weight
+    if (
+        any(w is None or w.dtype != q.dtype for w in weights)
+        or norm_q.eps != norm_k.eps
+        or norm_q.eps is None
+    ):
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or any(w.requires_grad for w in weights)):
+        return False
+    per_access = ACCESS_BYTES // q.element_size()
+    lanes = q.shape[-1] // per_access
+    return q.shape[-1] % per_access == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0

@@ -11,7 +11,9 @@ head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Nume
 
 The rotary embedding: pos_embed (FluxPosEmbed) passes the ids on instead of building its two fp32 tables, and
 every attention rotates q and k in one rope_flux launch (over [B, H, S, D] views of the [B, S, H, D] heads)
-with the angles computed in the kernel from the ids, in float64 as FluxPosEmbed computes them. Not served yet:
+with the angles computed in the kernel from the ids, in float64 as FluxPosEmbed computes them. Where no
+gradient is wanted (inference), each stream's q/k norms and the rotation are one qk_norm_rope_flux launch
+instead (two in a double block: the text stream's and the image's, then concatenated). Not served yet:
 the residual adds that end each block (`+ gate · ff`, one add in the dtype each), which the next block's norm
 could take, as the LTX-Video patch does."""
 
@@ -22,9 +24,16 @@ from types import MethodType
 from typing import Any, NamedTuple
 
 from ..errors import KgenError
-from ._diffusers_common import gelu_forward, refuse_hooks, rms_forward
+from ._diffusers_common import fuses_qk_norms, gelu_forward, refuse_hooks, rms_forward
 
-OPS = ("adaln_layernorm", "residual_adaln_layernorm", "rmsnorm", "gelu_tanh", "rope_flux")
+OPS = (
+    "adaln_layernorm",
+    "residual_adaln_layernorm",
+    "rmsnorm",
+    "gelu_tanh",
+    "rope_flux",
+    "qk_norm_rope_flux",
+)
 MODEL = "FluxTransformer2DModel"
 QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 PROCESSORS = ("FluxAttnProcessor", "_Attention")  # diffusers', or this module's from an earlier patch
@@ -83,9 +92,11 @@ def apply(model, kernels: dict) -> dict[str, int]:
         done["gelu_tanh"] += 1
     model.pos_embed.forward = MethodType(_positions_forward, model.pos_embed)
     dims = dict(zip(("dim_0", "dim_1", "dim_2"), model.pos_embed.axes_dim))
-    rope = functools.partial(kernels["rope_flux"].rope_flux, theta=float(model.pos_embed.theta), **dims)
+    dims["theta"] = float(model.pos_embed.theta)
+    rope = functools.partial(kernels["rope_flux"].rope_flux, **dims)
+    fused = functools.partial(kernels["qk_norm_rope_flux"].qk_norm_rope_flux, **dims)
     for attn in (m for m in model.modules() if type(m).__name__ == "FluxAttention"):
-        attn.set_processor(_Attention(rope, attn.processor))
+        attn.set_processor(_Attention(rope, fused, attn.processor))
         done["attentions"] += 1
         for name in QK_NORMS:
             if (norm := getattr(attn, name, None)) is not None:
@@ -223,12 +234,22 @@ class _Attention:
     """A Flux attention processor: diffusers' dataflow (projections, q/k norms, the text stream's own
     projections and norms put before the image's, rotary on both, attention dispatch, output projections) with
     q and k rotated by kgen's rope_flux in one launch, seen as [B, H, S, D] views, from the ids the patched
-    pos_embed passes on."""
+    pos_embed passes on. Where no gradient is wanted, each stream's q/k norms and its rotation are one
+    qk_norm_rope_flux launch (the text stream's with its positions, the first ones), before the
+    concatenation."""
 
-    def __init__(self, rope, original):
-        self.rope = rope
+    def __init__(self, rope, fused, original):
+        self.rope, self.fused = rope, fused
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def normed_rotation(self, q, k, norm_q, norm_k, positions):
+        """One stream's q and k ([B, S, H, D]) normalized and rotated in one launch (over [B, H, S, D]
+        views)."""
+        rotated = self.fused(
+            q.transpose(1, 2), k.transpose(1, 2), norm_q.weight, norm_k.weight, positions, eps=norm_q.eps
+        )
+        return tuple(t.transpose(1, 2) for t in rotated)
 
     def __call__(
         self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None
@@ -241,14 +262,29 @@ class _Attention:
             return t.unflatten(-1, (-1, attn.head_dim))
 
         q, k, v, text_q, text_k, text_v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        q, k, v = attn.norm_q(heads(q)), attn.norm_k(heads(k)), heads(v)
-        if attn.added_kv_proj_dim is not None:  # the text stream's tokens go first
-            q = torch.cat([attn.norm_added_q(heads(text_q)), q], dim=1)
-            k = torch.cat([attn.norm_added_k(heads(text_k)), k], dim=1)
-            v = torch.cat([heads(text_v), v], dim=1)
-        if image_rotary_emb is not None:  # the ids [1, 3, S], the same for every batch and head
+        q, k, v = heads(q), heads(k), heads(v)
+        joint = attn.added_kv_proj_dim is not None  # the text stream's tokens go first
+        norms = [(attn.norm_q, attn.norm_k)] + ([(attn.norm_added_q, attn.norm_added_k)] if joint else [])
+        if image_rotary_emb is not None and all(fuses_qk_norms(q, *pair) for pair in norms):
+            # the ids [1, 3, S], the same for every batch and head: the text's first
             positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
-            q, k = (t.transpose(1, 2) for t in self.rope(q.transpose(1, 2), k.transpose(1, 2), positions))
+            split = text_q.shape[1] if joint else 0
+            streams = [(q, k, *norms[0], positions[..., split:])]
+            if joint:
+                streams.insert(0, (heads(text_q), heads(text_k), *norms[1], positions[..., :split]))
+            rotated = [self.normed_rotation(*stream) for stream in streams]
+            q, k = (torch.cat(parts, dim=1) if joint else parts[0] for parts in zip(*rotated))
+            v = torch.cat([heads(text_v), v], dim=1) if joint else v
+        else:
+            q, k = attn.norm_q(q), attn.norm_k(k)
+            if joint:
+                q = torch.cat([attn.norm_added_q(heads(text_q)), q], dim=1)
+                k = torch.cat([attn.norm_added_k(heads(text_k)), k], dim=1)
+                v = torch.cat([heads(text_v), v], dim=1)
+            if image_rotary_emb is not None:  # the ids [1, 3, S], the same for every batch and head
+                positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
+                rotated = self.rope(q.transpose(1, 2), k.transpose(1, 2), positions)
+                q, k = (t.transpose(1, 2) for t in rotated)
         out = dispatch_attention_fn(
             q,
             k,

@@ -9,9 +9,11 @@ affine) -> residual_layernorm_fp32; cross-attention's residual add, norm3 and it
 residual_adaln_layernorm_fp32 (no gate). In each attention norm_q and norm_k (torch.nn.RMSNorm across heads)
 -> rmsnorm; in self-attention the rotary embedding -> rope_wan, q and k in one launch (over [B, H, S, D] views
 of the [B, S, H, D] heads) with the angles computed in the kernel from the latent grid, so the model's rope
-hands the blocks the grid instead of building its two fp32 tables; the feed-forward's GELU(approximate="tanh")
--> gelu_tanh. The model's forward is replaced by one with diffusers' dataflow whose output norm takes the last
-block's pending add: norm_out and the output modulation -> residual_adaln_layernorm_fp32.
+hands the blocks the grid instead of building its two fp32 tables; where no gradient is wanted (inference),
+self-attention's norm_q, norm_k and rotation -> one qk_norm_rope_wan launch; the feed-forward's
+GELU(approximate="tanh") -> gelu_tanh. The model's forward is replaced by one with diffusers' dataflow whose
+output norm takes the last block's pending add: norm_out and the output modulation ->
+residual_adaln_layernorm_fp32.
 
 Numerics: Wan's own. The modulation (`scale_shift_table + temb`) stays float32 and reaches the kernels as it
 is, per batch ([B, 1, C] chunks of [B, 6, C]) or per token ([B, S, C] chunks of [B, S, 6, C]); every norm is
@@ -36,7 +38,7 @@ from types import MethodType
 from typing import NamedTuple
 
 from ..errors import KgenError
-from ._diffusers_common import Pending, gelu_forward, refuse_hooks, rms_forward
+from ._diffusers_common import Pending, fuses_qk_norms, gelu_forward, refuse_hooks, rms_forward
 
 OPS = (
     "adaln_layernorm_fp32",
@@ -45,6 +47,7 @@ OPS = (
     "rmsnorm",
     "gelu_tanh",
     "rope_wan",
+    "qk_norm_rope_wan",
 )
 MODEL = "WanTransformer3DModel"
 THETA = 10000.0  # the model builds its rope with WanRotaryPosEmbed's default theta, which it does not keep
@@ -80,15 +83,15 @@ def apply(model, kernels: dict) -> dict[str, int]:
 
     rope = model.rope
     rope.forward = MethodType(_grid_forward, rope)
-    rotate = functools.partial(
-        kernels["rope_wan"].rope_wan, theta=THETA, dim_t=rope.t_dim, dim_h=rope.h_dim, dim_w=rope.w_dim
-    )
+    dims = dict(theta=THETA, dim_t=rope.t_dim, dim_h=rope.h_dim, dim_w=rope.w_dim)
+    rotate = functools.partial(kernels["rope_wan"].rope_wan, **dims)
+    fused = functools.partial(kernels["qk_norm_rope_wan"].qk_norm_rope_wan, **dims)
     rms, gelu = rms_forward(kernels["rmsnorm"].rmsnorm), gelu_forward(kernels["gelu_tanh"], project=True)
     done = {"blocks": 0, "attentions": 0, "qk_norms": 0, "gelu_tanh": 0, "norm_out": 1}
     for block in model.blocks:
         block.forward = MethodType(_block_forward(kernels), block)
         for attn in (block.attn1, block.attn2):
-            attn.set_processor(_Attention(rotate, attn.processor))
+            attn.set_processor(_Attention(rotate, fused, attn.processor))
             for norm in (attn.norm_q, attn.norm_k):
                 norm.forward = MethodType(rms, norm)
         block.ffn.net[0].forward = MethodType(gelu, block.ffn.net[0])
@@ -172,10 +175,11 @@ def _grid_forward(self, hidden_states) -> Grid:
 class _Attention:
     """A Wan attention processor for text to video: diffusers' dataflow (projections, norm_q / norm_k across
     heads, heads split, rotary on q and k, attention dispatch, output projection) with q and k rotated by
-    kgen's rope_wan in one launch, seen as [B, H, S, D] views, from the grid the patched rope passes on."""
+    kgen's rope_wan in one launch, seen as [B, H, S, D] views, from the grid the patched rope passes on. Where
+    no gradient is wanted, self-attention's norms and rotation are one qk_norm_rope_wan launch."""
 
-    def __init__(self, rotate, original):
-        self.rotate = rotate
+    def __init__(self, rotate, fused, original):
+        self.rotate, self.fused = rotate, fused
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -184,12 +188,24 @@ class _Attention:
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
         q, k, v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (attn.norm_q(q), attn.norm_k(k), v))
-        if rotary_emb is not None:
-            if not isinstance(rotary_emb, Grid):
-                raise KgenError(f"{MODEL}: a patched attention rotates by the grid the patched rope returns")
-            rotated = self.rotate(q.transpose(1, 2), k.transpose(1, 2), *rotary_emb)
-            q, k = (t.transpose(1, 2) for t in rotated)
+        if rotary_emb is not None and not isinstance(rotary_emb, Grid):
+            raise KgenError(f"{MODEL}: a patched attention rotates by the grid the patched rope returns")
+
+        def split(t):  # [B, S, H·D] -> [B, S, H, D]
+            return t.unflatten(2, (attn.heads, -1))
+
+        if rotary_emb is not None and fuses_qk_norms(split(q), attn.norm_q, attn.norm_k):
+            # norm_q, norm_k (across heads) and the rotation in one launch, over [B, H, S, D] views
+            weights = attn.norm_q.weight, attn.norm_k.weight
+            rotated = self.fused(
+                split(q).transpose(1, 2), split(k).transpose(1, 2), *weights, *rotary_emb, eps=attn.norm_q.eps
+            )
+            (q, k), v = (t.transpose(1, 2) for t in rotated), split(v)
+        else:
+            q, k, v = (split(t) for t in (attn.norm_q(q), attn.norm_k(k), v))
+            if rotary_emb is not None:
+                rotated = self.rotate(q.transpose(1, 2), k.transpose(1, 2), *rotary_emb)
+                q, k = (t.transpose(1, 2) for t in rotated)
         out = dispatch_attention_fn(
             q,
             k,
