@@ -194,3 +194,13 @@ def test_a_rebuild_with_nothing_to_do_says_so_once(tmp_path):
         "up to date",
     ]
 
+
+def test_explain_an_odd_hidden_of_dense_tensors_takes_the_flat_path():
+    """gelu_tanh at hidden 12242 (not a multiple of 8): dense tensors are one row, read 16 bytes at a time;
+    geglu's packed halves cannot be, and take the scalar path."""
+    result = run("explain", "gelu_tanh", "--arch", "sm_90", "--dtype", "bf16", "--shape", "11672x12242")
+    assert result.exit_code == 0, result.output
+    assert "16 B (8 elements)" in result.output and "one row of rows × hidden" in result.output
+    result = run("explain", "geglu", "--arch", "sm_90", "--dtype", "bf16", "--shape", "11672x12242")
+    assert result.exit_code == 0, result.output
+    assert "2 B (1 elements)" in result.output and "one row of rows" not in result.output

@@ -96,6 +96,7 @@ class ElementwiseContext(FamilyContext):
     launch_args: str
     out_args: str
     out_elems: str
+    flattens: bool  # dense tensors may be seen as one row (ElementwiseFamily.flattens)
 
 
 class ElementwiseFamily(RowsFamily):
@@ -129,6 +130,13 @@ class ElementwiseFamily(RowsFamily):
             "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
             "block_threads": reasons["threads_per_row"],
         }
+        if self.flattens(spec):
+            notes["flat path"] = (
+                "dense tensors whose hidden is not a multiple of the vector width are one row of rows × "
+                "hidden elements: vector accesses for all but the last few (rows × hidden mod the width), "
+                "which a second, scalar launch takes; an odd hidden no longer sends the whole tensor down "
+                "the scalar path"
+            )
         return KernelPlan(spec.name, profile.name, dtype, elem, vector, 1, threads, buckets, notes)
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
@@ -191,17 +199,24 @@ class ElementwiseFamily(RowsFamily):
             reference=backward_reference(spec),
         )
 
+    @staticmethod
+    def flattens(spec: OpSpec) -> bool:
+        """Whether dense tensors can be seen as one row: every tensor '*rows hidden' of one shape (no packed
+        halves, broadcast, column or optional inputs)."""
+        return all(t.dims == "*rows hidden" and not (t.broadcast or t.optional) for t in spec.tensors)
+
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: KernelPlan, case: Case) -> LaunchPlan:
         rows, hidden = case.rows, case.shape[-1]
         vector = hidden % kernel.vector_elems == 0
-        b = kernel.buckets[0 if vector else 1]
-        grid = -(-rows * (hidden // b.elems_per_access) // b.block_threads)
+        flat = not vector and self.flattens(spec) and rows * hidden >= kernel.vector_elems
+        b = kernel.buckets[0 if vector or flat else 1]
+        grid = -(-rows * hidden // b.elems_per_access // b.block_threads)
+        why = kernel.notes["flat path" if flat else "vector path" if vector else "scalar path"]
         choices = [
             (
                 "accesses",
                 f"{b.elems_per_access * kernel.elem_bytes} B ({b.elems_per_access} elements)",
-                f"hidden {hidden} is {'' if vector else 'not '}a multiple of {kernel.vector_elems}; "
-                + kernel.notes["vector path" if vector else "scalar path"],
+                f"hidden {hidden} is {'' if vector else 'not '}a multiple of {kernel.vector_elems}; " + why,
             ),
             ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
             (
@@ -235,6 +250,7 @@ class ElementwiseFamily(RowsFamily):
             ],
             out_args=", ".join(f"float& {v}_out" for v in spec.output_values),
             out_elems=", ".join(f"{v}_f[j]" for v in spec.output_values),
+            flattens=self.flattens(spec),
         )
 
 

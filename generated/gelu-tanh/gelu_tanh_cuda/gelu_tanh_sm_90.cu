@@ -8,6 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (each half of a packed one): the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of every tensor at one position (profile planner.block_threads); rows are flattened
+//   flat path: dense tensors whose hidden is not a multiple of the vector width are one row of rows × hidden elements: vector accesses for all but the last few (rows × hidden mod the width), which a second, scalar launch takes; an odd hidden no longer sends the whole tensor down the scalar path
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block
 //   float16: 8 elem/access, 1 elem/access; 256 threads/block
 //   bfloat16: 8 elem/access, 1 elem/access; 256 threads/block
@@ -138,6 +139,22 @@ cudaError_t launch_float32(const GeluTanhArgs& args, const Params& params, cudaS
   constexpr int kVector = 4;
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
+  const int64_t total = args.rows * args.hidden;
+  const bool flat = !vector_path && total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
+  if (flat) {
+    // Dense tensors as one row of rows × hidden elements: vector accesses for all but the last total mod
+    // kVector elements, which a second launch takes one at a time.
+    GeluTanhArgs body = args;
+    body.rows = 1;
+    body.hidden = total / kVector * kVector;
+    const cudaError_t err = launch_config<T, Fn, kVector, kBlockThreads>(body, params, stream);
+    if (err != cudaSuccess || body.hidden == total) return err;
+    GeluTanhArgs tail = body;
+    tail.hidden = total - body.hidden;
+    tail.x = static_cast<const T*>(args.x) + body.hidden;
+    tail.out = static_cast<T*>(args.out) + body.hidden;
+    return launch_config<T, Fn, 1, kBlockThreads>(tail, params, stream);
+  }
   return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
                      : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
 }
@@ -150,6 +167,22 @@ cudaError_t launch_float16(const GeluTanhArgs& args, const Params& params, cudaS
   constexpr int kVector = 8;
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
+  const int64_t total = args.rows * args.hidden;
+  const bool flat = !vector_path && total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
+  if (flat) {
+    // Dense tensors as one row of rows × hidden elements: vector accesses for all but the last total mod
+    // kVector elements, which a second launch takes one at a time.
+    GeluTanhArgs body = args;
+    body.rows = 1;
+    body.hidden = total / kVector * kVector;
+    const cudaError_t err = launch_config<T, Fn, kVector, kBlockThreads>(body, params, stream);
+    if (err != cudaSuccess || body.hidden == total) return err;
+    GeluTanhArgs tail = body;
+    tail.hidden = total - body.hidden;
+    tail.x = static_cast<const T*>(args.x) + body.hidden;
+    tail.out = static_cast<T*>(args.out) + body.hidden;
+    return launch_config<T, Fn, 1, kBlockThreads>(tail, params, stream);
+  }
   return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
                      : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
 }
@@ -162,6 +195,22 @@ cudaError_t launch_bfloat16(const GeluTanhArgs& args, const Params& params, cuda
   constexpr int kVector = 8;
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
+  const int64_t total = args.rows * args.hidden;
+  const bool flat = !vector_path && total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
+  if (flat) {
+    // Dense tensors as one row of rows × hidden elements: vector accesses for all but the last total mod
+    // kVector elements, which a second launch takes one at a time.
+    GeluTanhArgs body = args;
+    body.rows = 1;
+    body.hidden = total / kVector * kVector;
+    const cudaError_t err = launch_config<T, Fn, kVector, kBlockThreads>(body, params, stream);
+    if (err != cudaSuccess || body.hidden == total) return err;
+    GeluTanhArgs tail = body;
+    tail.hidden = total - body.hidden;
+    tail.x = static_cast<const T*>(args.x) + body.hidden;
+    tail.out = static_cast<T*>(args.out) + body.hidden;
+    return launch_config<T, Fn, 1, kBlockThreads>(tail, params, stream);
+  }
   return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
                      : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
 }
