@@ -164,6 +164,26 @@ def test_check_catches_a_wrong_derivative(monkeypatch):
     assert not all(r.ok for r in check("silu_mul") if r.op == "silu_mul_backward")
 
 
+def test_check_catches_a_wrong_weight_gradient(monkeypatch):
+    """A gradient summed over rows is compared against the size of its terms (a cancelled sum near zero is
+    not held to its own tiny magnitude), and still a weight gradient 5 % off is reported."""
+    spec = load_spec("rmsnorm")
+    real = family_of(spec).backward(spec)
+    conventions = [
+        c.model_copy(
+            update={"outputs": {k: (1.05 * v if k == "grad_weight" else v) for k, v in c.outputs.items()}}
+        )
+        for c in real.structure.conventions
+    ]
+    wrong = real.model_copy(
+        update={"structure": real.structure.model_copy(update={"conventions": conventions})}
+    )
+    monkeypatch.setattr(type(family_of(spec)), "backward", lambda self, s: wrong)
+    results = [r for r in check("rmsnorm") if r.op == "rmsnorm_backward"]
+    assert results and not any(r.ok for r in results)
+    assert all("grad_weight" in r.where for r in results)
+
+
 def test_logistic_terms_become_sigmoid_and_stay_finite():
     x = sp.Symbol("x")
     silu = x / (1 + sp.exp(-x))
