@@ -307,7 +307,8 @@ def explain(
         op = spec.name
     rows, hidden = _shape(shape)
     tuning = load_tuning(profile.name)
-    plan = plan_launch(spec, profile, dtype, rows, hidden, tuning)
+    dims = tuple(int(d) for d in shape.lower().split("x"))
+    plan = plan_launch(spec, profile, dtype, rows, hidden, tuning, dims)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     table_file = f"arch/tuning/{profile.name}.toml"
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made

@@ -31,10 +31,17 @@ def plan_kernel(
 
 
 def plan_launch(
-    spec: OpSpec, profile: ArchProfile, dtype: str, rows: int, hidden: int, tuning: TuningTable | None = None
+    spec: OpSpec,
+    profile: ArchProfile,
+    dtype: str,
+    rows: int,
+    hidden: int,
+    tuning: TuningTable | None = None,
+    shape: tuple[int, ...] | None = None,
 ) -> LaunchPlan:
-    """The configuration the generated launcher picks for a contiguous, aligned [rows, hidden] tensor."""
+    """The configuration the generated launcher picks for a contiguous, aligned [rows, hidden] tensor (of
+    ``shape``, where its leading dims matter: a rotary op's batch, heads and tokens)."""
     kernel = plan_kernel(spec, profile, dtype, tuning)
     if rows < 1 or hidden < 1:
         raise PlanError(f"shape must have rows >= 1 and hidden >= 1, got rows={rows}, hidden={hidden}")
-    return family_of(spec).launch(spec, profile, kernel, Case((rows, hidden)))
+    return family_of(spec).launch(spec, profile, kernel, Case(shape or (rows, hidden)))

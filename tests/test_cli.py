@@ -204,3 +204,12 @@ def test_explain_an_odd_hidden_of_dense_tensors_takes_the_flat_path():
     result = run("explain", "geglu", "--arch", "sm_90", "--dtype", "bf16", "--shape", "11672x12242")
     assert result.exit_code == 0, result.output
     assert "2 B (1 elements)" in result.output and "one row of rows" not in result.output
+
+
+def test_explain_keeps_a_rotary_shape_whole():
+    """A rotary op's leading dims are batch, heads and tokens: its positions are [B, 3, S], not a square of
+    the flattened rows (146880 MB before)."""
+    for op in ("rope_flux", "qk_norm_rope_flux"):
+        result = run("explain", op, "--arch", "sm_90", "--dtype", "bf16", "--shape", "1x24x4608x128")
+        assert result.exit_code == 0, result.output
+        assert "minimum traffic: 113.30 MB" in result.output, result.output
