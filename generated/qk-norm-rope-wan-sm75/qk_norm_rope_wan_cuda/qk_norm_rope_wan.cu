@@ -281,7 +281,7 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
         sin_f[2 * p] = sin_f[2 * p + 1] = float(s);
       }
     }
-    float rstd_of[2];  // the token's statistic per rotated tensor, summed below
+    float rstd_of[2] = {};  // the token's statistic per rotated tensor, summed below
     // Where head h of the rotated tensors lives: x's heads first, then k's.
     auto in_ptr = [&](Index h) -> const T* {
       if (h < Index(args.x_heads)) return static_cast<const T*>(args.x) + int64_t(b) * args.x_batch_stride + int64_t(h) * args.x_head_stride + int64_t(t) * args.x_token_stride + c0;
