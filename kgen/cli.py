@@ -249,14 +249,14 @@ def check(
         )
 
 
-def _shape(text: str) -> tuple[int, int]:
+def _shape(text: str) -> tuple[int, ...]:
     try:
         dims = [int(d) for d in text.lower().split("x")]
     except ValueError:
         raise UsageError(f"--shape must look like 8192x4096 (leading dims x hidden), got {text!r}") from None
     if not dims or any(d < 1 for d in dims):
         raise UsageError(f"--shape dims must be >= 1, got {text!r}")
-    return math.prod(dims[:-1]), dims[-1]
+    return tuple(dims)
 
 
 def _dtype(name: str) -> str:
@@ -305,10 +305,10 @@ def explain(
         if (spec := backward_spec(op)) is None:
             raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
         op = spec.name
-    rows, hidden = _shape(shape)
+    dims = _shape(shape)
+    rows, hidden = math.prod(dims[:-1]), dims[-1]
     tuning = load_tuning(profile.name)
-    dims = tuple(int(d) for d in shape.lower().split("x"))
-    plan = plan_launch(spec, profile, dtype, rows, hidden, tuning, dims)
+    plan = plan_launch(spec, profile, dtype, dims, tuning)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     table_file = f"arch/tuning/{profile.name}.toml"
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made

@@ -31,17 +31,12 @@ def plan_kernel(
 
 
 def plan_launch(
-    spec: OpSpec,
-    profile: ArchProfile,
-    dtype: str,
-    rows: int,
-    hidden: int,
-    tuning: TuningTable | None = None,
-    shape: tuple[int, ...] | None = None,
+    spec: OpSpec, profile: ArchProfile, dtype: str, shape: tuple[int, ...], tuning: TuningTable | None = None
 ) -> LaunchPlan:
-    """The configuration the generated launcher picks for a contiguous, aligned [rows, hidden] tensor (of
-    ``shape``, where its leading dims matter: a rotary op's batch, heads and tokens)."""
+    """The configuration the generated launcher picks for a contiguous, aligned tensor of ``shape`` (leading
+    dims, then hidden: [rows, hidden], or a rotary op's [batch, heads, tokens, head size])."""
     kernel = plan_kernel(spec, profile, dtype, tuning)
-    if rows < 1 or hidden < 1:
-        raise PlanError(f"shape must have rows >= 1 and hidden >= 1, got rows={rows}, hidden={hidden}")
-    return family_of(spec).launch(spec, profile, kernel, Case(shape or (rows, hidden)))
+    case = Case(tuple(shape))
+    if not shape or case.rows < 1 or shape[-1] < 1:
+        raise PlanError(f"shape must have rows >= 1 and hidden >= 1, got {tuple(shape)}")
+    return family_of(spec).launch(spec, profile, kernel, case)

@@ -79,7 +79,7 @@ def held_out_cases(op: str, arch: str, dtype: str, buckets: list, seed: int = 0)
         if all(len(cases) >= HELD_OUT for cases in found.values()):
             break
         rows, hidden = random_shape(rng)
-        bucket = plan_launch(spec, profile, dtype, rows, hidden).bucket
+        bucket = plan_launch(spec, profile, dtype, (rows, hidden)).bucket
         cases = found.get(bucket.max_row_bytes)
         if bucket.vectorized and cases is not None and len(cases) < HELD_OUT:
             cases.append(Case((1, rows, hidden)))
@@ -146,7 +146,7 @@ def tune(
                         )
             calls = {n: (lambda k=k: k(*inputs, *params)) for n, k in kernels.items()}
             times = {n: statistics.median(t) for n, t in timer.rounds_us(calls, rounds).items()}
-            launch = plan_launch(spec, profile, dtype, case.rows, case.shape[-1])
+            launch = plan_launch(spec, profile, dtype, case.shape)
             if not launch.bucket.vectorized:
                 continue  # scalar configurations are not tuned
             entry = by_bucket.setdefault(

@@ -35,7 +35,7 @@ TABLE = [
 
 @pytest.mark.parametrize("arch,dtype,hidden,access,threads,rows,storage,reduction", TABLE)
 def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reduction):
-    plan = plan_launch(SPEC, load_profile(arch), dtype, rows=100_000, hidden=hidden)
+    plan = plan_launch(SPEC, load_profile(arch), dtype, (100_000, hidden))
     b = plan.bucket
     got = (
         b.elems_per_access * DTYPE_BYTES[dtype],
@@ -60,22 +60,22 @@ def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reductio
     ],
 )
 def test_grid_fill_widens_rows(rows, hidden, threads, grid):
-    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=rows, hidden=hidden)
+    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", (rows, hidden))
     assert (plan.bucket.threads_per_row, plan.grid) == (threads, grid)
     assert (plan.widened is None) == (rows in (8192, 3))
 
 
 def test_weight_is_loaded_with_the_row_while_it_fits():
-    few = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=64, hidden=4096)
-    many = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=100_000, hidden=4096)
-    long = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=64, hidden=32768)
+    few = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", (64, 4096))
+    many = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", (100_000, 4096))
+    long = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", (64, 32768))
     assert few.columns_early and not many.columns_early and not long.columns_early
     assert many.bucket.columns_fit and "fits the 128 B budget" in many.bucket.reasons["columns"]
     assert not long.bucket.columns_fit and "would exceed" in long.bucket.reasons["columns"]
 
 
 def test_roofline():
-    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", rows=8192, hidden=4096)
+    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", (8192, 4096))
     assert plan.min_bytes == 2 * (2 * 8192 * 4096) + 2 * 4096  # x read, out written, weight read
     assert plan.roofline_us(4800) == pytest.approx(plan.min_bytes / 4.8e12 * 1e6)  # 28 µs
 
@@ -109,7 +109,7 @@ def test_unknown_dtype_and_bad_shape():
     with pytest.raises(KgenError, match="unknown dtype 'int8'"):
         plan_kernel(SPEC, load_profile("sm_90"), "int8")
     with pytest.raises(KgenError, match="rows >= 1 and hidden >= 1"):
-        plan_launch(SPEC, load_profile("sm_90"), "float16", rows=0, hidden=8)
+        plan_launch(SPEC, load_profile("sm_90"), "float16", (0, 8))
 
 
 @pytest.mark.parametrize("op, heads", [("rope", 1), ("rope_interleaved", 2), ("rope3d", 2)])

@@ -20,6 +20,7 @@ NORMED = [op for op in op_names() if getattr(load_spec(op).structure, "norm", No
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 PIPELINE = {"qk_norm_rope_flux": "rope_flux", "qk_norm_rope_wan": "rope_wan"}  # the rotation it fuses
+RMSNORM_REF = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +102,14 @@ def check(op, outs, inputs, params):
 
 
 def norm_reference(x, weight, eps, over_token):
-    """The normalized x as float64 of its dtype's values: the rotation's input in the reference."""
-    x64 = x.double()
-    dims = (1, -1) if over_token else (-1,)
-    w = weight.double().reshape(x.shape[1], 1, x.shape[-1]) if over_token else weight.double()
-    return (x64 * torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + eps) * w).to(x.dtype).double()
+    """The normalized x as float64 of its dtype's values (rmsnorm's reference, rounded as the module's
+    output): the rotation's input in the reference. Over a token: over [B, S, H·D], as the model's norm sees
+    the projection."""
+    if not over_token:
+        return RMSNORM_REF(x, weight, eps).to(x.dtype).double()
+    flat = x.transpose(1, 2).flatten(2)
+    normed = RMSNORM_REF(flat, weight, eps).to(x.dtype).double()
+    return normed.unflatten(2, (x.shape[1], x.shape[3])).transpose(1, 2)
 
 
 @st.composite

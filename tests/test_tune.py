@@ -74,8 +74,8 @@ def test_candidates_stay_within_the_profile(op, dtype):
 
 def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     spec, profile = load_spec("rmsnorm"), load_profile("sm_90")
-    rule = plan_launch(spec, profile, "bfloat16", 8192, 4096)
-    tuned = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice()))
+    rule = plan_launch(spec, profile, "bfloat16", (8192, 4096))
+    tuned = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice()))
     assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (128, 256)
     assert tuned.grid == 8192 and rule.grid == 4096  # 256 threads per block: one row each instead of two
     why = dict((c, w) for c, _, w in tuned.choices)["threads per row"]
@@ -83,14 +83,16 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
         "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 128" in why
         and "36.5 µs, the rule 40.0 µs" in why
     )
-    kept = plan_launch(spec, profile, "bfloat16", 8192, 4096, table(choice(threads=128)))
+    kept = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice(threads=128)))
     assert kept.bucket.threads_per_row == 128
     assert "the rule's, confirmed by kgen tune" in dict((c, w) for c, _, w in kept.choices)["threads per row"]
     assert (
         "profile planner.row_reduce.threads_per_row"
         in dict((c, w) for c, _, w in rule.choices)["threads per row"]
     )
-    other = plan_launch(spec, profile, "float16", 8192, 4096, table(choice()))  # another dtype keeps the rule
+    other = plan_launch(
+        spec, profile, "float16", (8192, 4096), table(choice())
+    )  # another dtype keeps the rule
     assert other.bucket.threads_per_row == 128
 
     target = resolve_target("rmsnorm", "sm_90", ("bfloat16",))
@@ -282,7 +284,7 @@ def test_held_out_shapes_fall_in_the_tuned_configurations_and_are_not_the_suites
     cases = held_out_cases("rmsnorm", "sm_90", "bfloat16", buckets, seed=7)
     assert len(cases) == HELD_OUT * len(buckets)
     for case in cases:
-        launch = plan_launch(spec, profile, "bfloat16", case.rows, case.shape[-1])
+        launch = plan_launch(spec, profile, "bfloat16", case.shape)
         assert launch.bucket.vectorized and launch.bucket.max_row_bytes in buckets
     assert sorted(launch_bucket(c) for c in cases) == sorted(b for b in buckets for _ in range(HELD_OUT))
     assert not {c.shape for c in cases} & {c.shape for c in suite("rmsnorm")}
@@ -296,7 +298,7 @@ def test_held_out_shapes_fall_in_the_tuned_configurations_and_are_not_the_suites
 
 def launch_bucket(case):
     spec, profile = load_spec("rmsnorm"), load_profile("sm_90")
-    return plan_launch(spec, profile, "bfloat16", case.rows, case.shape[-1]).bucket.max_row_bytes
+    return plan_launch(spec, profile, "bfloat16", case.shape).bucket.max_row_bytes
 
 
 def test_a_candidate_must_also_win_on_the_held_out_shapes():

@@ -190,19 +190,20 @@ class RotaryFamily(Family):
             "rows_per_block": "tokens are flattened: a block covers consecutive channel groups",
             "storage": "nothing kept: each element is read once and written once",
         }
-        scalar = 2 if pairing == "interleaved" else 1  # interleaved: a pair is adjacent, one access
-        if (
-            spec.structure.norm
-        ):  # the same lanes per head on both paths: the vector path's elements, one by one
-            scalar = vector
+        # interleaved: a pair is adjacent, one access; with a norm, the vector path's elements one by one, so
+        # that the lanes of a head are the same on both paths
+        scalar = vector if spec.structure.norm else 2 if pairing == "interleaved" else 1
         buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (vector, scalar)]
         what = "" if pairing == "interleaved" else " (rotate_half pairs: hidden a multiple of twice that)"
-        per_access = "one pair per access" if scalar == 2 else "one element per access"
-        if spec.structure.norm:
-            per_access = f"the vector path's {vector} elements per thread, one per access"
+        scalar_path = {
+            1: "one element per access: correct for any alignment and any hidden size",
+            2: "one pair per access: correct for any alignment and any hidden size",
+        }.get(
+            scalar,
+            f"the vector path's {vector} elements per thread, one per access: correct for any alignment",
+        )
         notes = vector_notes(dtype, vector, elem, "every tensor is", what) | {
-            "scalar path": f"otherwise {per_access}: correct for any alignment"
-            + ("" if spec.structure.norm else " and any hidden size"),
+            "scalar path": f"otherwise {scalar_path}",
             "block_threads": reasons["threads_per_row"],
             "heads in flight": f"{heads} head{'s' if heads > 1 else ''} in flight per thread with "
             f"{'rotate_half' if pairing == 'half' else pairing} pairs, "
