@@ -38,11 +38,11 @@ def rms_forward(rmsnorm):
     return forward
 
 
-def gelu_forward(kernel, project: bool):
-    """GELU(approximate="tanh"): diffusers' (a projection, then the activation) or torch's."""
+def gelu_forward(kernel):
+    """diffusers' GELU(approximate="tanh"): its projection, then the activation."""
 
     def forward(self, hidden_states):
-        return kernel.gelu_tanh(self.proj(hidden_states) if project else hidden_states)
+        return kernel.gelu_tanh(self.proj(hidden_states))
 
     return forward
 

@@ -86,7 +86,7 @@ def patch(
             attn.set_processor(_Attention(kernels, attn.processor))
         for module in block.ff.modules():
             if type(module).__name__ == "GELU" and module.approximate == "tanh":
-                module.forward = MethodType(gelu_forward(kernels["gelu_tanh"], project=True), module)
+                module.forward = MethodType(gelu_forward(kernels["gelu_tanh"]), module)
                 done["gelu_tanh"] += 1
         done["attentions"] += 2
     return done

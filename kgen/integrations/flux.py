@@ -5,9 +5,10 @@ Double blocks, both streams: norm1 / norm1_context (AdaLayerNormZero: LayerNorm 
 modulation from the timestep embedding's chunks) -> adaln_layernorm; the attention's gated residual add, norm2
 and its modulation -> residual_adaln_layernorm (one pass over the residual stream); the feed-forwards'
 GELU(approximate="tanh") -> gelu_tanh. Single blocks: norm (AdaLayerNormZeroSingle) -> adaln_layernorm,
-act_mlp -> gelu_tanh. Every attention's norm_q, norm_k, norm_added_q, norm_added_k (torch.nn.RMSNorm over
-head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Numerics: diffusers' own roundings
-(the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norms).
+act_mlp -> gelu_tanh in eager (under torch.compile torch's GELU, which compile writes straight into the
+concatenation that follows). Every attention's norm_q, norm_k, norm_added_q, norm_added_k (torch.nn.RMSNorm
+over head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Numerics: diffusers' own
+roundings (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norms).
 
 The rotary embedding: pos_embed (FluxPosEmbed) passes the ids on instead of building its two fp32 tables, and
 every attention rotates q and k in one rope_flux launch (over [B, H, S, D] views of the [B, S, H, D] heads)
@@ -80,13 +81,13 @@ def apply(model, kernels: dict) -> dict[str, int]:
         for norm in (block.norm1, block.norm1_context):
             norm.forward = MethodType(_zero_forward(adaln), norm)
         for ff in (block.ff, block.ff_context):
-            ff.net[0].forward = MethodType(gelu_forward(kernels["gelu_tanh"], project=True), ff.net[0])
+            ff.net[0].forward = MethodType(gelu_forward(kernels["gelu_tanh"]), ff.net[0])
         done["double_blocks"] += 1
         done["adaln_norms"] += 2
         done["gelu_tanh"] += 2
     for block in model.single_transformer_blocks:
         block.norm.forward = MethodType(_zero_forward(adaln), block.norm)
-        block.act_mlp.forward = MethodType(gelu_forward(kernels["gelu_tanh"], project=False), block.act_mlp)
+        block.act_mlp.forward = MethodType(_act_mlp_forward(kernels["gelu_tanh"]), block.act_mlp)
         done["single_blocks"] += 1
         done["adaln_norms"] += 1
         done["gelu_tanh"] += 1
@@ -167,6 +168,22 @@ def _zero_forward(adaln):
         chunks = self.linear(self.silu(emb)).chunk(self.linear.out_features // x.shape[-1], dim=1)
         shift, scale, *rest = chunks
         return adaln(x, scale[:, None], shift[:, None], self.norm.eps, convention="diffusers"), *rest
+
+    return forward
+
+
+def _act_mlp_forward(kernel):
+    def forward(self, x):
+        """A single block's act_mlp, GELU(approximate="tanh"): kgen's gelu_tanh in eager; torch's GELU while
+        torch.compile traces, which writes it straight into the buffer of the `cat([attention, mlp])` that
+        follows (proj_out's input), where kgen's output, opaque to compile, would be copied into it again
+        (H200: 4.29 ms of GELU and 2.49 ms of copy in a Flux.1-dev forward against compile's 3.99 ms for both,
+        BENCHMARKS.md)."""
+        import torch
+
+        if torch.compiler.is_compiling():
+            return torch.nn.functional.gelu(x, approximate="tanh")
+        return kernel.gelu_tanh(x)
 
     return forward
 

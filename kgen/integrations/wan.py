@@ -86,7 +86,7 @@ def apply(model, kernels: dict) -> dict[str, int]:
     dims = dict(theta=THETA, dim_t=rope.t_dim, dim_h=rope.h_dim, dim_w=rope.w_dim)
     rotate = functools.partial(kernels["rope_wan"].rope_wan, **dims)
     fused = functools.partial(kernels["qk_norm_rope_wan"].qk_norm_rope_wan, **dims)
-    rms, gelu = rms_forward(kernels["rmsnorm"].rmsnorm), gelu_forward(kernels["gelu_tanh"], project=True)
+    rms, gelu = rms_forward(kernels["rmsnorm"].rmsnorm), gelu_forward(kernels["gelu_tanh"])
     done = {"blocks": 0, "attentions": 0, "qk_norms": 0, "gelu_tanh": 0, "norm_out": 1}
     for block in model.blocks:
         block.forward = MethodType(_block_forward(kernels), block)
