@@ -17,7 +17,7 @@ from kgen.integrations import diffusers as kgen_diffusers  # noqa: E402
 from kgen.integrations import flux as kgen_flux  # noqa: E402
 from kgen.integrations import transformers as kgen_transformers
 from kgen.integrations import wan as kgen_wan  # noqa: E402
-from kgen.integrations.e2e import markdown, run_e2e, write  # noqa: E402
+from kgen.integrations.e2e import is_matmul, markdown, run_e2e, write  # noqa: E402
 
 pytestmark = pytest.mark.toolchain
 SMALL = {
@@ -121,6 +121,7 @@ def test_profile_table_splits_matmul_from_the_rest():
         ["void pytorch_flash::flash_fwd_kernel<...>", 2, 500.0],
         ["rmsnorm_kernel<__nv_bfloat16>", 8, 120.0],
         ["triton_poi_fused_add_mul_0", 3, 80.0],
+        ["triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_mul_20", 2, 60.0],
     ]
     table = {"matmul us": 1400.0, "other us": 200.0, "kernels": kernels}
     result = {
@@ -134,8 +135,20 @@ def test_profile_table_splits_matmul_from_the_rest():
         "rows": [{"workload": "w", "eager ms": 2.0, "profile": {"eager": table}}],
     }
     text = markdown(result)
-    assert "| eager | 1.40 | 0.20 | 17 |" in text
+    assert "| eager | 1.40 | 0.20 | 19 |" in text
     rest = text.split("costliest kernels other than matmul and attention")[1]
     assert "nvjet" not in rest and "flash" not in rest
     assert rest.index("rmsnorm_kernel") < rest.index("triton_poi_fused_add_mul_0")
     assert "| `rmsnorm_kernel<__nv_bfloat16>` | 8 | 0.120 |" in rest
+    # torch.compile's q/k norms fused in front of attention are named after it, but are not attention
+    assert "_scaled_dot_product_cudnn_attention_mul_20` | 2 | 0.060 |" in rest
+
+
+def test_profile_counts_compiles_fused_kernels_by_what_they_do():
+    """A Triton kernel is a matmul only as a template; others are named after every op fused into them."""
+    assert is_matmul("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN")
+    assert is_matmul("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7")
+    assert is_matmul("triton_tem_fused_addmm_0")
+    assert not is_matmul("triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention__to_copy_20")
+    assert not is_matmul("triton_poi_fused_cat_gelu_permute_view_21")
+    assert not is_matmul("void kgen_rmsnorm::rmsnorm_kernel<__nv_bfloat16>")
