@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored (profile planner.rotary.heads_in_flight)
+//   heads in flight: one head in flight per thread, its norm weights read per head: two heads with both tensors' weights held took 86-96 registers (two 256-thread blocks per SM; one: 64 and Flux.1's q/k 1.22x faster, H200 bf16; a norm over the token keeps the profile's count, one head ran Wan's 8-21 % slower)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are loaded once (it keeps its channels); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
@@ -209,7 +209,7 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
 // The kernel: a thread keeps one channel group (ELEMS channels) and
 // walks tokens with a stride; per token it gets cos and sin once (computed from the token's grid position),
 // then rotates those channels in heads [chunk · heads_per_thread, ...) of the rotated tensors (x's
-// heads, then k's), two heads in flight. Index is 32-bit when every count fits.
+// heads, then k's), one head in flight. Index is 32-bit when every count fits.
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS, typename Index>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
@@ -235,14 +235,6 @@ qk_norm_rope_flux_kernel(const QkNormRopeFluxArgs args, Index chunks, Index head
     if (h < Index(args.x_heads)) return static_cast<const T*>(args.x_weight) + c0;
     return static_cast<const T*>(args.k_weight) + c0;
   };
-  // this thread's weights, one set per rotated tensor: its channels are fixed, so they are loaded once
-  float weight_f[2][kCos];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const T* w = weight_ptr(i == 0 ? Index(0) : Index(args.x_heads));
-    load_floats<ELEMS, VEC>(w, *reinterpret_cast<float(*)[ELEMS]>(weight_f[i]));
-    if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(w + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(weight_f[i] + ELEMS));
-  }
   // the frequencies depend on the channel only: computed once per thread
   double freqs[ELEMS / 2];
   int axis_of[ELEMS / 2];
@@ -302,13 +294,14 @@ qk_norm_rope_flux_kernel(const QkNormRopeFluxArgs args, Index chunks, Index head
         // the norm: this head's sum across its lanes, then each element with its weight
         // constant indices only (a register array indexed at run time would go to local memory)
         const bool first = h < Index(args.x_heads);
+        // the weights read per head (L1 hits), not held: fewer registers, more resident threads
+        float w[kCos];
+        load_floats<ELEMS, VEC>(weight_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(w));
+        if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < kCos; ++j) sum += Norm::summand(v[j], params);
         const float rstd = Norm::statistic(lanes_sum(sum, lanes_mask, int(groups)), first ? inv_count[0] : inv_count[1], params);
-        float w[kCos];
-#pragma unroll
-        for (int j = 0; j < kCos; ++j) w[j] = first ? weight_f[0][j] : weight_f[1][j];
 #pragma unroll
         for (int j = 0; j < kCos; ++j) v[j] = Norm::template normed<T>(v[j], rstd, w[j], params);
       }
@@ -327,14 +320,7 @@ qk_norm_rope_flux_kernel(const QkNormRopeFluxArgs args, Index chunks, Index head
     };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
-    for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
-      float v0[kCos], v1[kCos];
-      load(head, v0);
-      load(head + 1, v1);
-      rotate_store(head, v0);
-      rotate_store(head + 1, v1);
-    }
-    if (head < head_end) {
+    for (; head < head_end; ++head) {  // one head in flight: fewer registers, more resident warps
       float v0[kCos];
       load(head, v0);
       rotate_store(head, v0);
