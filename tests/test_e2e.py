@@ -123,7 +123,7 @@ def test_profile_table_splits_matmul_from_the_rest():
         ["triton_poi_fused_add_mul_0", 3, 80.0],
         ["triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_mul_20", 2, 60.0],
     ]
-    table = {"matmul us": 1400.0, "other us": 200.0, "kernels": kernels}
+    table = {"matmul us": 1400.0, "other us": 200.0, "span us": 1750.0, "kernels": kernels}
     result = {
         "target": "wan",
         "device": "H200",
@@ -135,7 +135,10 @@ def test_profile_table_splits_matmul_from_the_rest():
         "rows": [{"workload": "w", "eager ms": 2.0, "profile": {"eager": table}}],
     }
     text = markdown(result)
-    assert "| eager | 1.40 | 0.20 | 19 |" in text
+    # the kernels' span beyond their sum: time the GPU waited between them
+    assert "| eager | 1.40 | 0.20 | 19 | 1.75 | 0.15 |" in text
+    del table["span us"]  # results written before the span was recorded
+    assert "| eager | 1.40 | 0.20 | 19 | n/a | n/a |" in markdown(result)
     rest = text.split("costliest kernels other than matmul and attention")[1]
     assert "nvjet" not in rest and "flash" not in rest
     assert rest.index("rmsnorm_kernel") < rest.index("triton_poi_fused_add_mul_0")

@@ -87,14 +87,21 @@ def _kernel_table(torch, fn: Callable[[], object], grad: bool) -> dict:
             fn()
             torch.cuda.synchronize()
     kernels: dict[str, list] = {}
+    starts, ends = [], []
     for e in prof.events():
         if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False):
             entry = kernels.setdefault(e.name, [e.name, 0, 0.0])
             entry[1] += 1
             entry[2] += e.device_time
+            if (span := getattr(e, "time_range", None)) is not None:
+                starts.append(span.start)
+                ends.append(span.end)
     table = sorted(kernels.values(), key=lambda k: -k[2])
     matmul = sum(us for name, _, us in table if is_matmul(name))
-    return {"matmul us": matmul, "other us": sum(us for _, _, us in table) - matmul, "kernels": table}
+    total = sum(us for _, _, us in table)
+    # first kernel's start to last kernel's end: beyond the kernels' sum, the GPU waited (host, launches)
+    span = max(ends) - min(starts) if starts else None
+    return {"matmul us": matmul, "other us": total - matmul, "span us": span, "kernels": table}
 
 
 def run_e2e(
@@ -203,12 +210,16 @@ def _profile_markdown(workload: str, tables: dict) -> list[str]:
         "",
         f"Kernel time of one call, {workload} (torch.profiler):",
         "",
-        "| variant | matmul + attention ms | other ms | kernels |",
-        "|---|---|---|---|",
+        "| variant | matmul + attention ms | other ms | kernels | first start to last end ms | GPU idle ms |",
+        "|---|---|---|---|---|---|",
     ]
     for variant, t in tables.items():
         calls = sum(c for _, c, _ in t["kernels"])
-        lines.append(f"| {variant} | {t['matmul us'] / 1e3:.2f} | {t['other us'] / 1e3:.2f} | {calls} |")
+        busy = t["matmul us"] + t["other us"]
+        span = t.get("span us")  # absent from results written before it was recorded
+        idle = ("n/a", "n/a") if span is None else (f"{span / 1e3:.2f}", f"{(span - busy) / 1e3:.2f}")
+        cells = (f"{t['matmul us'] / 1e3:.2f}", f"{t['other us'] / 1e3:.2f}", str(calls), *idle)
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     for variant, t in tables.items():
         lines += ["", f"{variant}: costliest kernels other than matmul and attention", ""]
         lines += ["| kernel | calls | ms |", "|---|---|---|"]
