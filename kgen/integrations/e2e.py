@@ -67,18 +67,15 @@ def _peak_gib(torch, model, fn: Callable[[], object]) -> float:
 
 
 def is_matmul(name: str) -> bool:
-    """Whether a kernel is a matrix product or attention. A Triton kernel of torch.compile's is one only as a
-    template (triton_tem_...): a pointwise or reduction kernel is named after every op fused into it, and the
-    q/k norms and rotation fused in front of attention are named `..._scaled_dot_product_..._attention_...`
-    (counted as attention before: 4.3 ms of Flux.1's memory-bound time under torch.compile, H200)."""
-    if name.startswith("triton_"):
-        return name.startswith("triton_tem_")
-    return bool(MATMUL.search(name))
+    """Whether a kernel is a matrix product or attention; a torch.compile Triton kernel only as a template (a
+    fused one is named after every op in it: q/k norms fused in front of attention, `..._attention_...`)."""
+    return name.startswith("triton_tem_") if name.startswith("triton_") else bool(MATMUL.search(name))
 
 
 def _kernel_table(torch, fn: Callable[[], object], grad: bool) -> dict:
-    """One call of ``fn`` under torch.profiler: {"matmul us", "other us", "kernels": [[name, calls, us], ...]}
-    (every kernel, copy and memset, costliest first; "matmul us" sums those `is_matmul` names)."""
+    """One call of ``fn`` under torch.profiler: {"matmul us", "other us", "span us", "kernels": [[name,
+    calls, us], ...]} (every kernel, copy and memset, costliest first; "matmul us" sums the `is_matmul` ones;
+    "span us" from the first kernel's start to the last one's end: beyond the sum, the GPU waited)."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.set_grad_enabled(grad):
@@ -87,21 +84,18 @@ def _kernel_table(torch, fn: Callable[[], object], grad: bool) -> dict:
             fn()
             torch.cuda.synchronize()
     kernels: dict[str, list] = {}
-    starts, ends = [], []
+    spans = []
     for e in prof.events():
         if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False):
             entry = kernels.setdefault(e.name, [e.name, 0, 0.0])
             entry[1] += 1
             entry[2] += e.device_time
-            if (span := getattr(e, "time_range", None)) is not None:
-                starts.append(span.start)
-                ends.append(span.end)
+            spans += [(e.time_range.start, e.time_range.end)] if getattr(e, "time_range", None) else []
     table = sorted(kernels.values(), key=lambda k: -k[2])
     matmul = sum(us for name, _, us in table if is_matmul(name))
-    total = sum(us for _, _, us in table)
-    # first kernel's start to last kernel's end: beyond the kernels' sum, the GPU waited (host, launches)
-    span = max(ends) - min(starts) if starts else None
-    return {"matmul us": matmul, "other us": total - matmul, "span us": span, "kernels": table}
+    span = max(end for _, end in spans) - min(start for start, _ in spans) if spans else None
+    other = sum(k[2] for k in table) - matmul
+    return {"matmul us": matmul, "other us": other, "span us": span, "kernels": table}
 
 
 def run_e2e(
@@ -214,11 +208,11 @@ def _profile_markdown(workload: str, tables: dict) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for variant, t in tables.items():
-        calls = sum(c for _, c, _ in t["kernels"])
-        busy = t["matmul us"] + t["other us"]
         span = t.get("span us")  # absent from results written before it was recorded
-        idle = ("n/a", "n/a") if span is None else (f"{span / 1e3:.2f}", f"{(span - busy) / 1e3:.2f}")
-        cells = (f"{t['matmul us'] / 1e3:.2f}", f"{t['other us'] / 1e3:.2f}", str(calls), *idle)
+        idle = [span, None if span is None else span - t["matmul us"] - t["other us"]]
+        cells = [t["matmul us"] / 1e3, t["other us"] / 1e3, sum(c for _, c, _ in t["kernels"])]
+        cells = [f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells]
+        cells += ["n/a" if us is None else f"{us / 1e3:.2f}" for us in idle]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     for variant, t in tables.items():
         lines += ["", f"{variant}: costliest kernels other than matmul and attention", ""]

@@ -174,11 +174,8 @@ def _zero_forward(adaln):
 
 def _act_mlp_forward(kernel):
     def forward(self, x):
-        """A single block's act_mlp, GELU(approximate="tanh"): kgen's gelu_tanh in eager; torch's GELU while
-        torch.compile traces, which writes it straight into the buffer of the `cat([attention, mlp])` that
-        follows (proj_out's input), where kgen's output, opaque to compile, would be copied into it again
-        (H200: 4.29 ms of GELU and 2.49 ms of copy in a Flux.1-dev forward against compile's 3.99 ms for both,
-        BENCHMARKS.md)."""
+        """A single block's act_mlp: kgen's gelu_tanh in eager; torch's while torch.compile traces, which
+        writes it straight into the `cat([attention, mlp])` after it (kgen's output would be copied there)."""
         import torch
 
         if torch.compiler.is_compiling():
