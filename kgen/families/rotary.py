@@ -222,7 +222,7 @@ class RotaryFamily(Family):
                 "then the lanes sharing the "
                 f"{norm.over} (consecutive lanes of one warp) add theirs by warp shuffles; "
                 + (
-                    "the thread's weights are loaded once (it keeps its channels)"
+                    "the thread's weights are read per head (L1 hits; see heads in flight)"
                     if norm.over == "head"
                     else "the token's heads are read twice (the sum, then the rotation: the second read "
                     "from L1/L2)"

@@ -9,7 +9,7 @@
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: one head in flight per thread, its norm weights read per head: two heads with both tensors' weights held took 86-96 registers (two 256-thread blocks per SM; one: 64 and Flux.1's q/k 1.22x faster, H200 bf16; a norm over the token keeps the profile's count, one head ran Wan's 8-21 % slower)
-//   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are loaded once (it keeps its channels); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
+//   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
