@@ -112,10 +112,14 @@ def test_unknown_dtype_and_bad_shape():
         plan_launch(SPEC, load_profile("sm_90"), "float16", (0, 8))
 
 
-@pytest.mark.parametrize("op, heads", [("rope", 1), ("rope_interleaved", 2), ("rope3d", 2)])
+@pytest.mark.parametrize(
+    "op, heads",
+    [("rope", 1), ("rope_interleaved", 2), ("rope3d", 2), ("qk_norm_rope_flux", 1), ("qk_norm_rope_wan", 2)],
+)
 def test_rotary_heads_in_flight(op, heads):
     """rotate_half threads hold cos and sin for both halves: one head in flight keeps their registers
-    low enough for 3 blocks per SM; interleaved pairs keep two heads in flight (measured both ways)."""
+    low enough for 3 blocks per SM; interleaved pairs keep two heads in flight (measured both ways); a norm
+    over each head one (the profile's head_norm), over the token its pairing's two."""
     from kgen.builder import render_target
     from kgen.project import resolve_target
 

@@ -69,7 +69,7 @@ def arch_dir(tmp_path, monkeypatch):
         ("max_access_bytes = 16", "", "ArchProfile.max_access_bytes: Field required"),
         ("[planner.rotary]", "[planner.rotray]", "[planner.rotray]: no structure family is named 'rotray'"),
         (
-            "heads_in_flight = { half = 1, interleaved = 2 }",
+            "heads_in_flight = { half = 1, interleaved = 2, head_norm = 1 }",
             "",
             "ArchProfile.planner.rotary.heads_in_flight: Field required",
         ),

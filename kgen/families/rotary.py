@@ -139,7 +139,8 @@ class RotaryFacts(BaseModel):
     """[planner.rotary] of an arch profile."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    heads_in_flight: dict[Literal["interleaved", "half"], int] = Field(min_length=2)
+    # by pairing; head_norm: with a norm over each head (its weights read per head)
+    heads_in_flight: dict[Literal["interleaved", "half", "head_norm"], int] = Field(min_length=3)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class RotaryFamily(Family):
         tuned = tuning.threads(spec.name, dtype, None) if tuning else None
         threads = tuned[0] if tuned else profile.planner.block_threads
         per_head_norm = spec.structure.norm is not None and spec.structure.norm.over == "head"
-        heads = 1 if per_head_norm else self.check_facts(profile).heads_in_flight[pairing]
+        heads = self.check_facts(profile).heads_in_flight["head_norm" if per_head_norm else pairing]
         reasons = {
             "threads_per_row": (tuned[1] + " (threads per block)")
             if tuned
@@ -206,14 +207,13 @@ class RotaryFamily(Family):
         notes = vector_notes(dtype, vector, elem, "every tensor is", what) | {
             "scalar path": f"otherwise {scalar_path}",
             "block_threads": reasons["threads_per_row"],
-            "heads in flight": "one head in flight per thread, its norm weights read per head: two heads "
-            "with both tensors' weights held took 86-96 registers (two 256-thread blocks per SM; one: 64 and "
-            "Flux.1's q/k 1.22x faster, H200 bf16; a norm over the token keeps the profile's count, one head "
-            "ran Wan's 8-21 % slower)"
-            if per_head_norm
-            else f"{heads} head{'s' if heads > 1 else ''} in flight per thread with "
-            f"{'rotate_half' if pairing == 'half' else pairing} pairs, "
-            "all loaded before the first is stored (profile planner.rotary.heads_in_flight)",
+            "heads in flight": f"{heads} head{'s' if heads > 1 else ''} in flight per thread "
+            + (
+                "with a norm over each head"
+                if per_head_norm
+                else f"with {'rotate_half' if pairing == 'half' else pairing} pairs"
+            )
+            + ", all loaded before the first is stored (profile planner.rotary.heads_in_flight)",
         }
         if norm := spec.structure.norm:
             lanes = "head" if norm.over == "head" else "token (every head of it: one thread walks them all)"

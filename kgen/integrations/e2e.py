@@ -90,7 +90,7 @@ def _kernel_table(torch, fn: Callable[[], object], grad: bool) -> dict:
             entry = kernels.setdefault(e.name, [e.name, 0, 0.0])
             entry[1] += 1
             entry[2] += e.device_time
-            spans += [(e.time_range.start, e.time_range.end)] if getattr(e, "time_range", None) else []
+            spans.append((e.time_range.start, e.time_range.end))
     table = sorted(kernels.values(), key=lambda k: -k[2])
     matmul = sum(us for name, _, us in table if is_matmul(name))
     span = max(end for _, end in spans) - min(start for start, _ in spans) if spans else None
@@ -199,6 +199,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ms(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1e3:.2f}"
+
+
 def _profile_markdown(workload: str, tables: dict) -> list[str]:
     lines = [
         "",
@@ -209,10 +213,9 @@ def _profile_markdown(workload: str, tables: dict) -> list[str]:
     ]
     for variant, t in tables.items():
         span = t.get("span us")  # absent from results written before it was recorded
-        idle = [span, None if span is None else span - t["matmul us"] - t["other us"]]
-        cells = [t["matmul us"] / 1e3, t["other us"] / 1e3, sum(c for _, c, _ in t["kernels"])]
-        cells = [f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells]
-        cells += ["n/a" if us is None else f"{us / 1e3:.2f}" for us in idle]
+        idle = None if span is None else span - t["matmul us"] - t["other us"]
+        calls = sum(c for _, c, _ in t["kernels"])
+        cells = [_ms(t["matmul us"]), _ms(t["other us"]), str(calls), _ms(span), _ms(idle)]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     for variant, t in tables.items():
         lines += ["", f"{variant}: costliest kernels other than matmul and attention", ""]

@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: one head in flight per thread, its norm weights read per head: two heads with both tensors' weights held took 86-96 registers (two 256-thread blocks per SM; one: 64 and Flux.1's q/k 1.22x faster, H200 bf16; a norm over the token keeps the profile's count, one head ran Wan's 8-21 % slower)
+//   heads in flight: 1 head in flight per thread with a norm over each head, all loaded before the first is stored (profile planner.rotary.heads_in_flight)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
@@ -293,7 +293,7 @@ qk_norm_rope_flux_kernel(const QkNormRopeFluxArgs args, Index chunks, Index head
         // the norm: this head's sum across its lanes, then each element with its weight
         // constant indices only (a register array indexed at run time would go to local memory)
         const bool first = h < Index(args.x_heads);
-        // the weights read per head (L1 hits), not held: fewer registers, more resident threads
+        // head h's weights, read per head (L1 hits), not held: fewer registers, more resident threads
         float w[kCos];
         load_floats<ELEMS, VEC>(weight_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(w));
         if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));

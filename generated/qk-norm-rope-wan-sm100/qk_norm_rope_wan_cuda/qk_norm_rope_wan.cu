@@ -302,10 +302,11 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
         // the norm: the token's statistic (summed above), then each element with its weight
         // constant indices only (a register array indexed at run time would go to local memory)
         const bool first = h < Index(args.x_heads);
-        const float rstd = first ? rstd_of[0] : rstd_of[1];
+        // head h's weights, read per head (L1 hits), not held: fewer registers, more resident threads
         float w[kCos];
         load_floats<ELEMS, VEC>(weight_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(w));
         if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
+        const float rstd = first ? rstd_of[0] : rstd_of[1];
 #pragma unroll
         for (int j = 0; j < kCos; ++j) v[j] = Norm::template normed<T>(v[j], rstd, w[j], params);
       }
