@@ -292,7 +292,16 @@ def test_tall_shapes_and_gradients_summed_over_rows_repeat_bitwise(libraries, op
     assert_close_to_reference(op, runs[0], want, library, dtype, allowance=allowance(op, inputs, grads))
 
 
-BATCHED = [(2, 700, 2048), (4, 3000, 128), (1, 5, 64), (3, 2688, 2048), (70, 3, 96)]
+# the last two: rows beyond the registers (split: the outputs kernel's row groups within each batch)
+BATCHED = [
+    (2, 700, 2048),
+    (4, 3000, 128),
+    (1, 5, 64),
+    (3, 2688, 2048),
+    (70, 3, 96),
+    (2, 300, 5120),
+    (3, 40, 40000),
+]
 
 
 @pytest.mark.parametrize("op", BROADCAST)

@@ -16,10 +16,11 @@ resident per SM × the SMs), never grows with the row count, and the same shape 
 sums in the same order: the result is bitwise identical run to run.
 
 DSL: `ColumnReduce(sums={convention: [RowSum, ...]}, when_given={output: optional input},
-shaped_like={output: broadcast input})`. Plan: threads per
-row by row size (the profile's ladder), the row's accesses, the column inputs and the accumulators in
-registers within the profile's budget, else re-read from global memory with the partial row accumulated in
-place. Templates: codegen_templates/column_reduce/ and the [rows, hidden] layout of rows/."""
+shaped_like={output: broadcast input})`. Plan: threads per row by row size (the profile's ladder), the row's
+accesses, the column inputs and the accumulators in registers within the profile's budget; beyond it the sums
+and the outputs split into two kernels (the row scalars written between them, the outputs over row groups ×
+column chunks, a partial row per group). Templates: codegen_templates/column_reduce/ and the [rows, hidden]
+layout of rows/."""
 
 from __future__ import annotations
 
@@ -197,12 +198,21 @@ class ColumnReducePlan(KernelPlan):
     warp_size: int
     sm_count: int
     resident_threads_per_sm: int
+    split_threads: int = 256  # a split row's outputs kernel: threads per block, one access of a row each ...
+    split_rows: int = 1  # ... and the rows a thread loads before it computes them (loads in flight)
 
     def blocks(self, bucket: Bucket, rows: int, batches: int = 1) -> int:
         """The partition: at most the blocks resident at once (never more with more rows), split evenly
         among the batches (at least one each) when an output is summed per batch."""
         most = max(1, self.sm_count * self.resident_threads_per_sm // bucket.block_threads // batches)
         return batches * min(-(-(rows // batches) // bucket.rows_per_block), most)
+
+    def split_grid(self, rows: int, hidden: int, elems: int, batches: int = 1) -> tuple[int, int]:
+        """A split row's outputs kernel: column chunks of split_threads accesses × row groups, as many
+        groups as the resident blocks allow (at least one per batch, at most a batch's rows)."""
+        chunks = -(-(hidden // elems) // self.split_threads)
+        resident = self.sm_count * self.resident_threads_per_sm // self.split_threads
+        return chunks, batches * max(1, min(rows // batches, resident // chunks // batches))
 
 
 @dataclass(frozen=True)
@@ -260,6 +270,9 @@ class ColumnReduceFamily(RowsFamily):
         # whose vector access carries the most fp32 sums
         widest = profile.max_access_bytes // 2
         resident, budget = self._resident(profile, facts, spec, profile.max_access_bytes, widest)
+        # a split row's outputs kernel: the rows whose accesses (16-bit) a thread holds within the budget
+        row_bytes = sum(access_bytes_of(t, 2, widest) for t in spec.row_inputs)
+        split_rows = max(1, min(4, budget // max(1, row_bytes)))
         buckets = self._buckets(profile, facts, spec, elem, vector, resident, budget) + self._buckets(
             profile, facts, spec, elem, 1, resident, budget
         )
@@ -297,6 +310,7 @@ class ColumnReduceFamily(RowsFamily):
             profile.warp_size,
             profile.sm_count,
             resident,
+            split_rows=split_rows,
         )
 
     @staticmethod
@@ -417,14 +431,15 @@ class ColumnReduceFamily(RowsFamily):
                 threads,
                 1,
                 1,
-                "global",
+                "split",
                 False,
                 {
                     "threads_per_row": f"{threads}: at most 512, so a thread may hold more than 64 registers "
                     "(the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)",
                     "rows_per_block": "1: a row needs the whole block",
-                    "storage": "global: the row exceeds the register budget; each pass re-reads it (mostly "
-                    "from L2) and the partial row is accumulated in place",
+                    "storage": "split: the row exceeds the register budget: one kernel computes each row's "
+                    "sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the "
+                    "outputs over row groups × column chunks, a group's column sums in registers",
                 },
             )
         )
@@ -448,18 +463,27 @@ class ColumnReduceFamily(RowsFamily):
             ("threads per row", str(b.threads_per_row), b.reasons["threads_per_row"]),
             ("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"]),
             ("row lives in", b.storage, b.reasons["storage"]),
-            (
-                "grid",
-                f"{grid} blocks" + (f", {grid // batches} per batch" if per_batch else ""),
-                kernel.notes["partition"],
-            ),
+        ]
+        split, slots = b.storage == "split", grid * b.rows_per_block
+        what = (
+            "the sums kernel: the blocks resident at once, a row each" if split else kernel.notes["partition"]
+        )
+        choices.append(
+            ("grid", f"{grid} blocks" + (f", {grid // batches} per batch" if per_batch else ""), what)
+        )
+        if split:
+            chunks, slots = kernel.split_grid(rows, hidden, b.elems_per_access, batches)
+            why = f"a row group per resident block of {kernel.split_threads} threads and column chunk; each "
+            why += f"loads {kernel.split_rows} rows (within planner.column_reduce.register_bytes_per_thread)"
+            choices.append(("outputs grid", f"{chunks} column chunks × {slots} row groups", why))
+        per = "row group" if split else "row slot"
+        choices.append(
             (
                 "partial rows",
-                f"{grid * b.rows_per_block} × {hidden} fp32 per column output"
-                + (" and per-batch output" if per_batch else ""),
-                "one per row slot, added in a fixed order by the second kernel",
-            ),
-        ]
+                f"{slots} × {hidden} fp32 per column output" + (" and per-batch output" if per_batch else ""),
+                f"one per {per}, added in a fixed order by the column sums (one launch for every output)",
+            )
+        )
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
@@ -527,7 +551,7 @@ class ColumnReduceFamily(RowsFamily):
         params, args = super().kernel_arguments(spec)
         summed = self.summed_outputs(spec)
         partials = [f"float* __restrict__ {t.name}_partials" for t in summed]
-        slots = [f"partials[{i}]" for i in range(len(summed))]
+        slots = [f"sums.partials[{i}]" for i in range(len(summed))]
         return ", ".join([params, *partials]), ", ".join([args, *slots])
 
     @staticmethod

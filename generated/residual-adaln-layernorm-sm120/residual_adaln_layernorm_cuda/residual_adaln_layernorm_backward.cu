@@ -15,34 +15,34 @@
 //     rows <= 2048 B: 4 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in registers
 //     rows <= 4096 B: 4 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in registers
 //     rows <= 8192 B: 4 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in registers
-//     rows any size: 4 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in global
+//     rows any size: 4 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows any size: 1 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in global
+//     rows any size: 1 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   float16:
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows any size: 8 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in global
+//     rows any size: 8 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows any size: 1 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in global
+//     rows any size: 1 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   bfloat16:
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows any size: 8 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in global
+//     rows any size: 8 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
-//     rows any size: 1 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in global
+//     rows any size: 1 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   why:
 //     threads_per_row (1024 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 4/access): 8: 256 threads per block / 32 per row
@@ -58,7 +58,7 @@
 //     storage (8192 B, 4/access): registers: 2 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 4/access): 384: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
-//     storage (any B, 4/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
+//     storage (any B, 4/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
@@ -73,7 +73,7 @@
 //     storage (4096 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 1/access): 384: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
-//     storage (any B, 1/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
+//     storage (any B, 1/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
@@ -88,7 +88,7 @@
 //     storage (4096 B, 8/access): registers: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 8/access): 384: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
-//     storage (any B, 8/access): global: the row exceeds the register budget; each pass re-reads it (mostly from L2) and the partial row is accumulated in place
+//     storage (any B, 8/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
 //     storage (256 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 264 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 384 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
@@ -174,14 +174,18 @@ constexpr int kAccessBytes = 16;  // the vector path's access: profile max_acces
 constexpr int kResidentPerSm = 384;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(170) * kResidentPerSm;  // the partition: × profile sm_count
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
+constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
+constexpr int kSplitRows = 2;       // ... and the rows each thread loads before it computes them
+constexpr int64_t kMaxGridY = 65535;  // gridDim.y limit: the column sums loop over more batches
 constexpr int kStagedInputs = 7;  // kStaged: every row input (the held ones, then those only the outputs read)
 // kStaged: the bytes of one staged access, the widest of the row inputs' (T)
 template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
 constexpr int kSummedOutputs = 3;  // the column outputs, then those shaped like a broadcast input
-constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
-constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
-constexpr int64_t kMaxGridY = 65535;  // gridDim.y limit: the final sums loop over more batches
+constexpr int kColumnOutputs = 0;  // the first summed outputs: summed over every row
+constexpr int kSumColumns = 32;     // the final reduction: columns per block ...
+constexpr int kMinSumSlices = 8;    // ... and slices of a group's partial rows each block adds, then combines in
+constexpr int kMaxSumSlices = 32;   // order: the power of two that leaves each slice at most kSumColumns rows
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -355,15 +359,16 @@ __device__ __forceinline__ float row_reduce_sum(float v, float* scratch) {
 }
 
 // Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
-// memory, where the slot's next row is copied asynchronously while this one is reduced (staged); or global
-// memory, re-read by every pass.
-enum class RowStorage { kRegisters, kStaged, kGlobal };
+// memory, where the slot's next row is copied asynchronously while this one is reduced (staged); or, for rows
+// beyond the registers, nowhere (split): this kernel re-reads the row from global memory (L2) for each sum
+// and writes the row's scalars, and a second kernel computes the outputs over row groups × column chunks.
+enum class RowStorage { kRegisters, kStaged, kSplit };
 
 // Calls f(k, i) for this thread's accesses i = lane + k * THREADS_PER_ROW of a row of `count` accesses.
 // With register storage the loop is fully unrolled so k indexes a register array.
 template <int THREADS_PER_ROW, int MAX_ACCESSES, RowStorage STORAGE, typename F>
 __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) {
-  if constexpr (STORAGE != RowStorage::kGlobal) {
+  if constexpr (STORAGE != RowStorage::kSplit) {
 #pragma unroll
     for (int k = 0; k < MAX_ACCESSES; ++k) {
       const int64_t i = lane + int64_t(k) * THREADS_PER_ROW;
@@ -389,6 +394,19 @@ __device__ __forceinline__ void copy_async(unsigned char* dst, const P* src) {
   }
 }
 
+// The inputs at one access of a row: row inputs, then column inputs.
+template <typename T, int ELEMS>
+struct RowValues {
+  using Access = Pack<T, ELEMS>;
+  Access x_v;
+  Access h_v;
+  Access scale_v;
+  Access shift_v;
+  Access grad_out_v;
+  Access grad_residual_out_v;
+  Access gate_v;
+};
+
 // ---------------------------------------------------------------------------------------------
 // The kernel: a fixed grid of blocks, ROWS_PER_BLOCK row slots each of THREADS_PER_ROW threads. Slot s
 // of block b takes rows b * ROWS_PER_BLOCK + s, then every gridDim.x * ROWS_PER_BLOCK rows after (with
@@ -403,34 +421,29 @@ template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PE
 // Every block of the partition resident at once: ptxas keeps to the registers that allows (the re-reading
 // fallback for rows beyond the budget may take more).
 __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
-                                  STORAGE == RowStorage::kGlobal ? 1 : std::max(1, kResidentPerSm / (THREADS_PER_ROW * ROWS_PER_BLOCK)))
-residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ h, int64_t h_row_stride, const T* __restrict__ scale, int64_t scale_row_stride, int64_t scale_outer_stride, const T* __restrict__ shift, int64_t shift_row_stride, int64_t shift_outer_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ gate, int64_t gate_row_stride, int64_t gate_outer_stride, T* __restrict__ grad_x, int64_t grad_x_row_stride, T* __restrict__ grad_h, int64_t grad_h_row_stride, T* __restrict__ grad_scale, int64_t grad_scale_row_stride, T* __restrict__ grad_shift, int64_t grad_shift_row_stride, T* __restrict__ grad_gate, int64_t grad_gate_row_stride, float* __restrict__ grad_scale_partials, float* __restrict__ grad_shift_partials, float* __restrict__ grad_gate_partials, int64_t rows, int64_t hidden, int64_t inner, int64_t batches, Params params) {
+                                  STORAGE == RowStorage::kSplit ? 1 : std::max(1, kResidentPerSm / (THREADS_PER_ROW * ROWS_PER_BLOCK)))
+residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ h, int64_t h_row_stride, const T* __restrict__ scale, int64_t scale_row_stride, int64_t scale_outer_stride, const T* __restrict__ shift, int64_t shift_row_stride, int64_t shift_outer_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ gate, int64_t gate_row_stride, int64_t gate_outer_stride, T* __restrict__ grad_x, int64_t grad_x_row_stride, T* __restrict__ grad_h, int64_t grad_h_row_stride, T* __restrict__ grad_scale, int64_t grad_scale_row_stride, T* __restrict__ grad_shift, int64_t grad_shift_row_stride, T* __restrict__ grad_gate, int64_t grad_gate_row_stride, float* __restrict__ grad_scale_partials, float* __restrict__ grad_shift_partials, float* __restrict__ grad_gate_partials, int64_t rows, int64_t hidden, int64_t inner, int64_t batches, Params params,
+                                         Stats* __restrict__ row_stats) {  // kSplit: each row's scalars, for the outputs kernel
   using Access = Pack<T, ELEMS>;
+  using Values = RowValues<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
-  constexpr int kCached = STORAGE != RowStorage::kGlobal ? MAX_ACCESSES : 1;
+  constexpr int kCached = STORAGE != RowStorage::kSplit ? MAX_ACCESSES : 1;
   __shared__ float scratch[4][ceil_div(kBlock, kWarpSize)];
 
   const int lane = threadIdx.x % THREADS_PER_ROW;
   const int slot = threadIdx.x / THREADS_PER_ROW;
   const int64_t accesses = hidden / ELEMS;
-  float* const grad_scale_slot = grad_scale_partials == nullptr ? nullptr : grad_scale_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
+  float* const grad_scale_slot = STORAGE == RowStorage::kSplit || grad_scale_partials == nullptr  // kSplit: the outputs kernel's
+                                       ? nullptr : grad_scale_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
   float grad_scale_sums[kCached][ELEMS] = {};
-  float* const grad_shift_slot = grad_shift_partials == nullptr ? nullptr : grad_shift_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
+  float* const grad_shift_slot = STORAGE == RowStorage::kSplit || grad_shift_partials == nullptr  // kSplit: the outputs kernel's
+                                       ? nullptr : grad_shift_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
   float grad_shift_sums[kCached][ELEMS] = {};
-  float* const grad_gate_slot = grad_gate_partials == nullptr ? nullptr : grad_gate_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
+  float* const grad_gate_slot = STORAGE == RowStorage::kSplit || grad_gate_partials == nullptr  // kSplit: the outputs kernel's
+                                       ? nullptr : grad_gate_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
   float grad_gate_sums[kCached][ELEMS] = {};
   if constexpr (COLUMNS_IN_REGISTERS) {
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-    });
-  }
-  if constexpr (STORAGE == RowStorage::kGlobal) {  // the partial rows are accumulated in place: zero them first (each thread its own columns)
-    for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int, int64_t i) {
-#pragma unroll
-      for (int j = 0; j < ELEMS; ++j) {
-        if (grad_scale_slot != nullptr) grad_scale_slot[i * ELEMS + j] = 0.0f;
-        if (grad_shift_slot != nullptr) grad_shift_slot[i * ELEMS + j] = 0.0f;
-        if (grad_gate_slot != nullptr) grad_gate_slot[i * ELEMS + j] = 0.0f;
-      }
     });
   }
 
@@ -506,18 +519,9 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
     Access* grad_shift_row = reinterpret_cast<Access*>(grad_shift + row * grad_shift_row_stride);  // null unless written per row
     Access* grad_gate_row = reinterpret_cast<Access*>(grad_gate + row * grad_gate_row_stride);  // null unless written per row
     // The inputs at access k (index i): from registers (held or staged), or from global memory.
-    struct Values {
-      Access x_v;
-      Access h_v;
-      Access scale_v;
-      Access shift_v;
-      Access grad_out_v;
-      Access grad_residual_out_v;
-      Access gate_v;
-    };
     auto fetch = [&](int k, int64_t i) -> Values {
       Values v{};
-      if constexpr (STORAGE != RowStorage::kGlobal) {
+      if constexpr (STORAGE != RowStorage::kSplit) {
         v.x_v = x_regs[k];
         v.h_v = h_regs[k];
         v.scale_v = scale_regs[k];
@@ -642,9 +646,130 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
       Conv::finalize_3(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[3]), stats, params);
     }
 
-    // The outputs: row outputs written, column outputs added to the slot's sums.
-    for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-      const Values v = fetch(k, i);
+    if constexpr (STORAGE == RowStorage::kSplit) {  // the outputs are the second kernel's
+      if (lane == 0 && count > 0) row_stats[row] = stats;
+    } else {  // the outputs: row outputs written, column outputs added to the slot's sums
+      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
+        const Values v = fetch(k, i);
+        float grad_x_f[ELEMS];
+        float grad_h_f[ELEMS];
+        float grad_scale_f[ELEMS];
+        float grad_shift_f[ELEMS];
+        float grad_gate_f[ELEMS];
+  #pragma unroll
+        for (int j = 0; j < ELEMS; ++j) {
+          const Access& x_v = v.x_v;
+          const Access& h_v = v.h_v;
+          const Access& scale_v = v.scale_v;
+          const Access& shift_v = v.shift_v;
+          const Access& grad_out_v = v.grad_out_v;
+          const Access& grad_residual_out_v = v.grad_residual_out_v;
+          const Access& gate_v = v.gate_v;
+          Conv::template apply<T>(to_float(x_v.v[j]), to_float(h_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (gate != nullptr ? to_float(gate_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_h_f[j], grad_scale_f[j], grad_shift_f[j], grad_gate_f[j]);
+        }
+        grad_x_row[i] = pack<T>(grad_x_f);
+        grad_h_row[i] = pack<T>(grad_h_f);
+        if (grad_scale != nullptr) grad_scale_row[i] = pack<T>(grad_scale_f);
+        if (grad_shift != nullptr) grad_shift_row[i] = pack<T>(grad_shift_f);
+        if (grad_gate != nullptr) grad_gate_row[i] = pack<T>(grad_gate_f);
+  #pragma unroll
+        for (int j = 0; j < ELEMS; ++j) grad_scale_sums[k][j] += grad_scale_f[j];
+  #pragma unroll
+        for (int j = 0; j < ELEMS; ++j) grad_shift_sums[k][j] += grad_shift_f[j];
+  #pragma unroll
+        for (int j = 0; j < ELEMS; ++j) grad_gate_sums[k][j] += grad_gate_f[j];
+      });
+    }
+    // The next row's reductions reuse the scratch some warps may still read.
+    if constexpr (THREADS_PER_ROW > kWarpSize) __syncthreads();
+  }
+
+  if constexpr (STORAGE != RowStorage::kSplit) {  // the slot's partial rows
+    for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
+      if (grad_scale_slot != nullptr) {
+#pragma unroll
+        for (int j = 0; j < ELEMS; ++j) grad_scale_slot[i * ELEMS + j] = grad_scale_sums[k][j];
+      }
+      if (grad_shift_slot != nullptr) {
+#pragma unroll
+        for (int j = 0; j < ELEMS; ++j) grad_shift_slot[i * ELEMS + j] = grad_shift_sums[k][j];
+      }
+      if (grad_gate_slot != nullptr) {
+#pragma unroll
+        for (int j = 0; j < ELEMS; ++j) grad_gate_slot[i * ELEMS + j] = grad_gate_sums[k][j];
+      }
+    });
+  }
+}
+
+// kSplit, second kernel: the outputs of rows whose scalars the first kernel wrote. Block (x, y) serves access
+// columns [x, x + 1) · kSplitThreads of row group y (groups split each batch's rows evenly, never two batches);
+// each thread loads kSplitRows rows' accesses before it computes them, adds its summed outputs over the group
+// in registers and writes one partial row per group, which the column sums add as they do the slots'.
+template <typename T, typename Conv, int ELEMS>
+__global__ void __launch_bounds__(kSplitThreads)
+residual_adaln_layernorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ h, int64_t h_row_stride, const T* __restrict__ scale, int64_t scale_row_stride, int64_t scale_outer_stride, const T* __restrict__ shift, int64_t shift_row_stride, int64_t shift_outer_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ gate, int64_t gate_row_stride, int64_t gate_outer_stride, T* __restrict__ grad_x, int64_t grad_x_row_stride, T* __restrict__ grad_h, int64_t grad_h_row_stride, T* __restrict__ grad_scale, int64_t grad_scale_row_stride, T* __restrict__ grad_shift, int64_t grad_shift_row_stride, T* __restrict__ grad_gate, int64_t grad_gate_row_stride, float* __restrict__ grad_scale_partials, float* __restrict__ grad_shift_partials, float* __restrict__ grad_gate_partials, int64_t rows, int64_t hidden, int64_t inner, int64_t batches, Params params,
+                                                 const Stats* __restrict__ row_stats) {
+  using Access = Pack<T, ELEMS>;
+  using Values = RowValues<T, ELEMS>;
+  const int64_t i = int64_t(blockIdx.x) * kSplitThreads + threadIdx.x;  // this thread's access of every row
+  if (i >= hidden / ELEMS) return;  // no barriers below
+  const int64_t batch_groups = gridDim.y / batches, batch_rows = rows / batches;
+  const int64_t first_row = blockIdx.y / batch_groups * batch_rows, part = blockIdx.y % batch_groups;
+  const int64_t begin = first_row + part * batch_rows / batch_groups;
+  const int64_t end = first_row + (part + 1) * batch_rows / batch_groups;
+  auto x_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(x + row * x_row_stride);
+  };
+  auto h_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(h + row * h_row_stride);
+  };
+  auto scale_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
+  };
+  auto shift_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
+  };
+  auto grad_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
+  };
+  auto grad_residual_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(grad_residual_out + row * grad_residual_out_row_stride);
+  };
+  auto gate_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(gate + row / inner * gate_outer_stride + row % inner * gate_row_stride);
+  };
+  Values columns{};  // the column inputs: the same for every row
+  float grad_scale_sums[ELEMS] = {};
+  float grad_shift_sums[ELEMS] = {};
+  float grad_gate_sums[ELEMS] = {};
+  for (int64_t first = begin; first < end; first += kSplitRows) {
+    Values loaded[kSplitRows];
+    Stats row_scalars[kSplitRows];
+#pragma unroll
+    for (int r = 0; r < kSplitRows; ++r) {  // every load of kSplitRows rows before any arithmetic
+      if (first + r >= end) break;
+      loaded[r] = columns;
+      loaded[r].x_v = x_row_at(first + r)[i];
+      loaded[r].h_v = h_row_at(first + r)[i];
+      loaded[r].scale_v = scale_row_at(first + r)[i];
+      loaded[r].shift_v = shift_row_at(first + r)[i];
+      loaded[r].grad_out_v = grad_out_row_at(first + r)[i];
+      loaded[r].grad_residual_out_v = grad_residual_out_row_at(first + r)[i];
+      if (gate != nullptr) loaded[r].gate_v = gate_row_at(first + r)[i];
+      row_scalars[r] = row_stats[first + r];
+    }
+#pragma unroll
+    for (int r = 0; r < kSplitRows; ++r) {
+      if (first + r >= end) break;
+      const int64_t row = first + r;
+      const Values& v = loaded[r];
+      const Stats& stats = row_scalars[r];
+      Access* grad_x_row = reinterpret_cast<Access*>(grad_x + row * grad_x_row_stride);
+      Access* grad_h_row = reinterpret_cast<Access*>(grad_h + row * grad_h_row_stride);
+      Access* grad_scale_row = reinterpret_cast<Access*>(grad_scale + row * grad_scale_row_stride);
+      Access* grad_shift_row = reinterpret_cast<Access*>(grad_shift + row * grad_shift_row_stride);
+      Access* grad_gate_row = reinterpret_cast<Access*>(grad_gate + row * grad_gate_row_stride);
       float grad_x_f[ELEMS];
       float grad_h_f[ELEMS];
       float grad_scale_f[ELEMS];
@@ -666,94 +791,107 @@ residual_adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_
       if (grad_scale != nullptr) grad_scale_row[i] = pack<T>(grad_scale_f);
       if (grad_shift != nullptr) grad_shift_row[i] = pack<T>(grad_shift_f);
       if (grad_gate != nullptr) grad_gate_row[i] = pack<T>(grad_gate_f);
-      if (grad_scale_slot != nullptr) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE != RowStorage::kGlobal) grad_scale_sums[k][j] += grad_scale_f[j];
-          else grad_scale_slot[i * ELEMS + j] += grad_scale_f[j];
-        }
-      }
-      if (grad_shift_slot != nullptr) {
+      for (int j = 0; j < ELEMS; ++j) grad_scale_sums[j] += grad_scale_f[j];
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE != RowStorage::kGlobal) grad_shift_sums[k][j] += grad_shift_f[j];
-          else grad_shift_slot[i * ELEMS + j] += grad_shift_f[j];
-        }
-      }
-      if (grad_gate_slot != nullptr) {
+      for (int j = 0; j < ELEMS; ++j) grad_shift_sums[j] += grad_shift_f[j];
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) {
-          if constexpr (STORAGE != RowStorage::kGlobal) grad_gate_sums[k][j] += grad_gate_f[j];
-          else grad_gate_slot[i * ELEMS + j] += grad_gate_f[j];
-        }
-      }
-    });
-    // The next row's reductions reuse the scratch some warps may still read.
-    if constexpr (THREADS_PER_ROW > kWarpSize) __syncthreads();
+      for (int j = 0; j < ELEMS; ++j) grad_gate_sums[j] += grad_gate_f[j];
+    }
   }
-
-  if constexpr (STORAGE != RowStorage::kGlobal) {  // the slot's partial rows
-    for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-      if (grad_scale_slot != nullptr) {
+  if (grad_scale_partials != nullptr) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) grad_scale_slot[i * ELEMS + j] = grad_scale_sums[k][j];
-      }
-      if (grad_shift_slot != nullptr) {
+    for (int j = 0; j < ELEMS; ++j) grad_scale_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_scale_sums[j];
+  }
+  if (grad_shift_partials != nullptr) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) grad_shift_slot[i * ELEMS + j] = grad_shift_sums[k][j];
-      }
-      if (grad_gate_slot != nullptr) {
+    for (int j = 0; j < ELEMS; ++j) grad_shift_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_shift_sums[j];
+  }
+  if (grad_gate_partials != nullptr) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) grad_gate_slot[i * ELEMS + j] = grad_gate_sums[k][j];
-      }
-    });
+    for (int j = 0; j < ELEMS; ++j) grad_gate_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_gate_sums[j];
   }
 }
 
-// The summed outputs: out[c] = the partial rows' sum at column c, in a fixed order (slice g adds slots
-// g, g + kSumSlices, ... in turn; then the slices are added in order), rounded once to the dtype. Group y
-// (a batch) adds its own `slots` partial rows into its own output row.
+// The summed outputs, all in one launch: block (x, y, z) adds columns [32 x, 32 x + 32) of output z's
+// partial rows in group y (a batch for an output summed per batch, else one group of every slot). Each
+// column's sum in a fixed order (slice g of blockDim.y adds slots g, g + blockDim.y, ... in turn; then the
+// slices are added in order), rounded once to the output's dtype.
+struct ColumnSums {
+  float* partials[kSummedOutputs];  // null: the output is not asked for
+  void* out[kSummedOutputs];
+  int64_t groups[kSummedOutputs];  // the output's rows of sums: its slots are split evenly among them
+};
+
 template <typename T>
-__global__ void __launch_bounds__(kSumColumns * kSumSlices)
-column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hidden, T* __restrict__ out, int64_t groups) {
-  __shared__ float slices[kSumSlices][kSumColumns];
+__global__ void __launch_bounds__(kSumColumns * kMaxSumSlices)
+column_sum_kernel(ColumnSums sums, int64_t slots, int64_t hidden) {
+  __shared__ float slices[kMaxSumSlices][kSumColumns];
+  const int output = blockIdx.z;
+  const float* partials = nullptr;
+  void* out = nullptr;
+  int64_t groups = 1;
+#pragma unroll
+  for (int c = 0; c < kSummedOutputs; ++c) {  // output's entries, indexed statically (no copy in local memory)
+    if (c == output) partials = sums.partials[c], out = sums.out[c], groups = sums.groups[c];
+  }
+  if (partials == nullptr) return;  // the whole block: before any barrier
+  const int64_t group_slots = slots / groups;
   const int64_t col = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
   for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // the same loop for the whole block
-    const float* const group_partials = partials + group * slots * hidden;
     float sum = 0.0f;
-    if (col < hidden)
-      for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += group_partials[s * hidden + col];
+    if (col < hidden) {
+      const float* __restrict__ const column = partials + group * group_slots * hidden + col;
+      for (int64_t s = threadIdx.y; s < group_slots; s += blockDim.y) sum += __ldg(column + s * hidden);
+    }
     slices[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y == 0 && col < hidden) {
       float total = slices[0][threadIdx.x];
-#pragma unroll
-      for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
-      out[group * hidden + col] = from_float<T>(total);
+      for (int g = 1; g < int(blockDim.y); ++g) total += slices[g][threadIdx.x];
+      switch (output) {
+        case 0: static_cast<T*>(out)[group * hidden + col] = from_float<T>(total); break;  // grad_scale
+        case 1: static_cast<T*>(out)[group * hidden + col] = from_float<T>(total); break;  // grad_shift
+        case 2: static_cast<T*>(out)[group * hidden + col] = from_float<T>(total); break;  // grad_gate
+      }
     }
     __syncthreads();  // the slices are written again for the next group
   }
 }
 
-// One configuration: the partition, a partial row per row slot for each column output asked for, the
-// kernel, then the column sums. Returns the first error.
+// One configuration: the partition, a partial row per row slot (kSplit: per row group) for each summed output
+// asked for, the kernel (kSplit: then the outputs kernel), then the column sums. Returns the first error.
 template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
 cudaError_t launch_config(const ResidualAdalnLayernormBackwardArgs& args, const Params& params, cudaStream_t stream) {
   constexpr int64_t kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
-  // Per batch (1 unless an output is summed per batch): its rows' share of the resident blocks, at least one.
-  const int64_t batches = args.batches;
+  const int64_t batches = args.batches;  // 1 unless an output is summed per batch
+  // Per batch: its rows' share of the resident blocks, at least one.
   const int64_t batch_blocks = std::min(ceil_div<int64_t>(args.rows / batches, ROWS_PER_BLOCK),
                                         std::max<int64_t>(1, kResidentThreads / kBlock / batches));
   const int64_t blocks = batches * batch_blocks;
   if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
-  const int64_t slots = blocks * ROWS_PER_BLOCK;
+  // kSplit: the outputs kernel's grid, column chunks × row groups (each batch's share of the resident blocks)
+  const int64_t chunks = ceil_div<int64_t>(args.hidden / ELEMS, kSplitThreads);
+  const int64_t groups = batches * std::max<int64_t>(1, std::min(args.rows / batches, kResidentThreads / kSplitThreads / chunks / batches));
+  if (STORAGE == RowStorage::kSplit && (chunks > kMaxGridX || groups > kMaxGridY)) return cudaErrorInvalidConfiguration;
+  const int64_t slots = STORAGE == RowStorage::kSplit ? groups : blocks * ROWS_PER_BLOCK;  // partial rows per output
   void* const outs[kSummedOutputs] = {args.grad_scale_per_batch, args.grad_shift_per_batch, args.grad_gate_per_batch};
-  float* partials[kSummedOutputs] = {};
+  ColumnSums sums{};
+  int64_t most_groups = 0, least_groups = kMaxGridX;  // over the outputs asked for (most 0: none)
   for (int c = 0; c < kSummedOutputs; ++c) {
     if (outs[c] == nullptr) continue;  // not asked for (its optional input is absent)
-    partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
-    if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
+    sums.partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
+    if (sums.partials[c] == nullptr) return cudaErrorMemoryAllocation;
+    sums.out[c] = outs[c];
+    sums.groups[c] = c < kColumnOutputs ? 1 : batches;  // a column output sums every slot
+    most_groups = std::max(most_groups, sums.groups[c]);
+    least_groups = std::min(least_groups, sums.groups[c]);
+  }
+  Stats* row_stats = nullptr;  // kSplit: each row's scalars, from the first kernel to the second
+  if constexpr (STORAGE == RowStorage::kSplit) {
+    row_stats = reinterpret_cast<Stats*>(args.workspace(args.workspace_owner, args.rows * int64_t(sizeof(Stats) / sizeof(float))));
+    if (row_stats == nullptr) return cudaErrorMemoryAllocation;
   }
   auto* const kernel = &residual_adaln_layernorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
   // kStaged: two buffers of every row input's accesses per thread
@@ -762,24 +900,20 @@ cudaError_t launch_config(const ResidualAdalnLayernormBackwardArgs& args, const 
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.h), args.h_row_stride, static_cast<const T*>(args.scale), args.scale_row_stride, args.scale_outer_stride, static_cast<const T*>(args.shift), args.shift_row_stride, args.shift_outer_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.gate), args.gate_row_stride, args.gate_outer_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, static_cast<T*>(args.grad_h), args.grad_h_row_stride, static_cast<T*>(args.grad_scale), args.grad_scale_row_stride, static_cast<T*>(args.grad_shift), args.grad_shift_row_stride, static_cast<T*>(args.grad_gate), args.grad_gate_row_stride, partials[0], partials[1], partials[2], args.rows, args.hidden, args.inner, batches, params);
+  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.h), args.h_row_stride, static_cast<const T*>(args.scale), args.scale_row_stride, args.scale_outer_stride, static_cast<const T*>(args.shift), args.shift_row_stride, args.shift_outer_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.gate), args.gate_row_stride, args.gate_outer_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, static_cast<T*>(args.grad_h), args.grad_h_row_stride, static_cast<T*>(args.grad_scale), args.grad_scale_row_stride, static_cast<T*>(args.grad_shift), args.grad_shift_row_stride, static_cast<T*>(args.grad_gate), args.grad_gate_row_stride, sums.partials[0], sums.partials[1], sums.partials[2], args.rows, args.hidden, args.inner, batches, params, row_stats);
   cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess && outs[0] != nullptr) {  // grad_scale
-    const int64_t groups = batches;
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(groups, kMaxGridY))),
-                        dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[0], slots / groups, args.hidden, static_cast<T*>(outs[0]), groups);
-    err = cudaGetLastError();
+  if constexpr (STORAGE == RowStorage::kSplit) {
+    if (err == cudaSuccess) {
+      residual_adaln_layernorm_backward_outputs_kernel<T, Conv, ELEMS><<<dim3(unsigned(chunks), unsigned(groups)), dim3(kSplitThreads), 0, stream>>>(
+          static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.h), args.h_row_stride, static_cast<const T*>(args.scale), args.scale_row_stride, args.scale_outer_stride, static_cast<const T*>(args.shift), args.shift_row_stride, args.shift_outer_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.gate), args.gate_row_stride, args.gate_outer_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, static_cast<T*>(args.grad_h), args.grad_h_row_stride, static_cast<T*>(args.grad_scale), args.grad_scale_row_stride, static_cast<T*>(args.grad_shift), args.grad_shift_row_stride, static_cast<T*>(args.grad_gate), args.grad_gate_row_stride, sums.partials[0], sums.partials[1], sums.partials[2], args.rows, args.hidden, args.inner, batches, params, row_stats);
+      err = cudaGetLastError();
+    }
   }
-  if (err == cudaSuccess && outs[1] != nullptr) {  // grad_shift
-    const int64_t groups = batches;
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(groups, kMaxGridY))),
-                        dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[1], slots / groups, args.hidden, static_cast<T*>(outs[1]), groups);
-    err = cudaGetLastError();
-  }
-  if (err == cudaSuccess && outs[2] != nullptr) {  // grad_gate
-    const int64_t groups = batches;
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(groups, kMaxGridY))),
-                        dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[2], slots / groups, args.hidden, static_cast<T*>(outs[2]), groups);
+  if (err == cudaSuccess && most_groups > 0) {
+    int slices = kMinSumSlices;  // for the largest group: more threads where a group has many partial rows
+    while (slices < kMaxSumSlices && slices * kSumColumns < slots / least_groups) slices *= 2;
+    column_sum_kernel<T><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min(most_groups, kMaxGridY)), kSummedOutputs),
+                           dim3(kSumColumns, unsigned(slices)), 0, stream>>>(sums, slots, args.hidden);
     err = cudaGetLastError();
   }
   return err;
@@ -797,13 +931,13 @@ cudaError_t launch_float32(const ResidualAdalnLayernormBackwardArgs& args, const
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
-    return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+    return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  return launch_config<T, Conv, 1, 384, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  return launch_config<T, Conv, 1, 384, 1, 1, RowStorage::kSplit, false>(args, params, stream);
 }
 
 // float16: the configurations listed in the header, picked by row bytes and alignment.
@@ -818,13 +952,13 @@ cudaError_t launch_float16(const ResidualAdalnLayernormBackwardArgs& args, const
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+    return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  return launch_config<T, Conv, 1, 384, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  return launch_config<T, Conv, 1, 384, 1, 1, RowStorage::kSplit, false>(args, params, stream);
 }
 
 // bfloat16: the configurations listed in the header, picked by row bytes and alignment.
@@ -839,13 +973,13 @@ cudaError_t launch_bfloat16(const ResidualAdalnLayernormBackwardArgs& args, cons
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+    return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-  return launch_config<T, Conv, 1, 384, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  return launch_config<T, Conv, 1, 384, 1, 1, RowStorage::kSplit, false>(args, params, stream);
 }
 
 }  // namespace

@@ -56,8 +56,8 @@ struct ResidualAdalnRmsnormBackwardArgs {
   float eps;
   DType dtype;
   Convention convention;
-  // Scratch for the column outputs' fp32 partial rows: `floats` floats usable on the launch's stream (null
-  // if none could be had), kept by the caller until the launch returns.
+  // Scratch for the column outputs' fp32 partial rows and a split row's scalars: `floats` floats usable on
+  // the launch's stream (null if none could be had), kept by the caller until the launch returns.
   float* (*workspace)(void* owner, int64_t floats);
   void* workspace_owner;
 };
