@@ -481,7 +481,7 @@ class ColumnReduceFamily(RowsFamily):
             (
                 "partial rows",
                 f"{slots} × {hidden} fp32 per column output" + (" and per-batch output" if per_batch else ""),
-                f"one per {per}, added in a fixed order by the column sums (one launch for every output)",
+                f"one per {per}, added in a fixed order by the second kernel (the column sums)",
             )
         )
         return LaunchPlan(
@@ -551,7 +551,7 @@ class ColumnReduceFamily(RowsFamily):
         params, args = super().kernel_arguments(spec)
         summed = self.summed_outputs(spec)
         partials = [f"float* __restrict__ {t.name}_partials" for t in summed]
-        slots = [f"sums.partials[{i}]" for i in range(len(summed))]
+        slots = [f"partials[{i}]" for i in range(len(summed))]
         return ", ".join([params, *partials]), ", ".join([args, *slots])
 
     @staticmethod

@@ -207,9 +207,8 @@ constexpr int kStagedInputs = 2;  // kStaged: every row input (the held ones, th
 template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
 constexpr int kSummedOutputs = 1;  // the column outputs, then those shaped like a broadcast input
-constexpr int kSumColumns = 32;     // the final reduction: columns per block ...
-constexpr int kMinSumSlices = 8;    // ... and slices of a group's partial rows each block adds, then combines in
-constexpr int kMaxSumSlices = 32;   // order: the power of two that leaves each slice at most kSumColumns rows
+constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
+constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -592,47 +591,23 @@ rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row_stride, c
   }
 }
 
-// The summed outputs, all in one launch: block (x, y, z) adds columns [32 x, 32 x + 32) of output z's
-// partial rows in group y (a batch for an output summed per batch, else one group of every slot). Each
-// column's sum in a fixed order (slice g of blockDim.y adds slots g, g + blockDim.y, ... in turn; then the
-// slices are added in order), rounded once to the output's dtype.
-struct ColumnSums {
-  float* partials[kSummedOutputs];  // null: the output is not asked for
-  void* out[kSummedOutputs];
-  int64_t groups[kSummedOutputs];  // the output's rows of sums: its slots are split evenly among them
-};
-
+// The summed outputs: out[c] = the partial rows' sum at column c, in a fixed order (slice g adds slots
+// g, g + kSumSlices, ... in turn; then the slices are added in order), rounded once to the dtype.
 template <typename T>
-__global__ void __launch_bounds__(kSumColumns * kMaxSumSlices)
-column_sum_kernel(ColumnSums sums, int64_t slots, int64_t hidden) {
-  __shared__ float slices[kMaxSumSlices][kSumColumns];
-  const int output = blockIdx.z;
-  const float* partials = nullptr;
-  void* out = nullptr;
-  int64_t groups = 1;
-#pragma unroll
-  for (int c = 0; c < kSummedOutputs; ++c) {  // output's entries, indexed statically (no copy in local memory)
-    if (c == output) partials = sums.partials[c], out = sums.out[c], groups = sums.groups[c];
-  }
-  if (partials == nullptr) return;  // the whole block: before any barrier
-  const int64_t group_slots = slots / groups;
+__global__ void __launch_bounds__(kSumColumns * kSumSlices)
+column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hidden, T* __restrict__ out) {
+  __shared__ float slices[kSumSlices][kSumColumns];
   const int64_t col = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
-  for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // the same loop for the whole block
-    float sum = 0.0f;
-    if (col < hidden) {
-      const float* __restrict__ const column = partials + group * group_slots * hidden + col;
-      for (int64_t s = threadIdx.y; s < group_slots; s += blockDim.y) sum += __ldg(column + s * hidden);
-    }
-    slices[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < hidden) {
-      float total = slices[0][threadIdx.x];
-      for (int g = 1; g < int(blockDim.y); ++g) total += slices[g][threadIdx.x];
-      switch (output) {
-        case 0: static_cast<T*>(out)[group * hidden + col] = from_float<T>(total); break;  // grad_weight
-      }
-    }
-    __syncthreads();  // the slices are written again for the next group
+  float sum = 0.0f;
+  if (col < hidden)
+    for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += partials[s * hidden + col];
+  slices[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < hidden) {
+    float total = slices[0][threadIdx.x];
+#pragma unroll
+    for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
+    out[col] = from_float<T>(total);
   }
 }
 
@@ -654,16 +629,11 @@ cudaError_t launch_config(const RmsnormBackwardArgs& args, const Params& params,
   if (STORAGE == RowStorage::kSplit && (chunks > kMaxGridX || groups > kMaxGridY)) return cudaErrorInvalidConfiguration;
   const int64_t slots = STORAGE == RowStorage::kSplit ? groups : blocks * ROWS_PER_BLOCK;  // partial rows per output
   void* const outs[kSummedOutputs] = {args.grad_weight};
-  ColumnSums sums{};
-  int64_t most_groups = 0, least_groups = kMaxGridX;  // over the outputs asked for (most 0: none)
+  float* partials[kSummedOutputs] = {};
   for (int c = 0; c < kSummedOutputs; ++c) {
     if (outs[c] == nullptr) continue;  // not asked for (its optional input is absent)
-    sums.partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
-    if (sums.partials[c] == nullptr) return cudaErrorMemoryAllocation;
-    sums.out[c] = outs[c];
-    sums.groups[c] = 1;
-    most_groups = std::max(most_groups, sums.groups[c]);
-    least_groups = std::min(least_groups, sums.groups[c]);
+    partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
+    if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
   }
   Stats* row_stats = nullptr;  // kSplit: each row's scalars, from the first kernel to the second
   if constexpr (STORAGE == RowStorage::kSplit) {
@@ -677,20 +647,18 @@ cudaError_t launch_config(const RmsnormBackwardArgs& args, const Params& params,
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, sums.partials[0], args.rows, args.hidden, params, row_stats);
+  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);
   cudaError_t err = cudaGetLastError();
   if constexpr (STORAGE == RowStorage::kSplit) {
     if (err == cudaSuccess) {
       rmsnorm_backward_outputs_kernel<T, Conv, ELEMS><<<dim3(unsigned(chunks), unsigned(groups)), dim3(kSplitThreads), 0, stream>>>(
-          static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, sums.partials[0], args.rows, args.hidden, params, row_stats);
+          static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);
       err = cudaGetLastError();
     }
   }
-  if (err == cudaSuccess && most_groups > 0) {
-    int slices = kMinSumSlices;  // for the largest group: more threads where a group has many partial rows
-    while (slices < kMaxSumSlices && slices * kSumColumns < slots / least_groups) slices *= 2;
-    column_sum_kernel<T><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min(most_groups, kMaxGridY)), kSummedOutputs),
-                           dim3(kSumColumns, unsigned(slices)), 0, stream>>>(sums, slots, args.hidden);
+  if (err == cudaSuccess && outs[0] != nullptr) {  // grad_weight
+    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns))), dim3(kSumColumns, kSumSlices), 0, stream>>>(
+        partials[0], slots, args.hidden, static_cast<T*>(outs[0]));
     err = cudaGetLastError();
   }
   return err;
