@@ -36,7 +36,7 @@ def kernels(fn, flush) -> dict[str, float]:
             continue
         if "FillFunctor<unsigned char>" in e.name:
             continue
-        durations.setdefault(e.name[:90], []).append(e.device_time)
+        durations.setdefault(e.name, []).append(e.device_time)  # full names: two kernels may share 90 chars
     return {k: round(statistics.median(v) * len(v) / CALLS, 2) for k, v in durations.items()}
 
 
