@@ -128,3 +128,45 @@ def test_rotary_heads_in_flight(op, heads):
     assert plan.notes["heads in flight"].startswith(f"{heads} head")
     source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{op}.cu"]
     assert ("load(head + 1, v1);" in source) == (heads == 2)
+
+
+@pytest.mark.parametrize(
+    "op, shape, per_batch, storage",
+    [
+        ("rmsnorm", (64, 8192), False, "staged"),
+        ("rmsnorm", (64, 8200), False, "split"),
+        ("rmsnorm", (256, 65536), False, "split"),
+        ("residual_adaln_rmsnorm", (3, 40, 4096), True, "staged"),
+        ("residual_adaln_rmsnorm", (3, 40, 4104), True, "split"),
+        ("adaln_layernorm_fp32", (1, 32760, 5120), True, "split"),
+        ("layernorm", (7, 40000), False, "split"),
+    ],
+)
+def test_rows_beyond_the_registers_split_into_row_groups(op, shape, per_batch, storage):
+    """A backward row beyond the register budget splits into the sums kernel and the outputs kernel over
+    column chunks × row groups: at least one group per batch and at most a batch's rows, groups never
+    spanning batches, the chunks covering the row, one partial row per group."""
+    from kgen.catalog import backward_spec
+    from kgen.families import family_of
+    from kgen.families.base import Case
+
+    spec, profile = backward_spec(op), load_profile("sm_90")
+    kernel = plan_kernel(spec, profile, "bfloat16")
+    plan = family_of(spec).launch(spec, profile, kernel, Case(shape, per_batch=per_batch))
+    assert plan.bucket.storage == storage
+    choices = {name: value for name, value, _ in plan.choices}
+    rows, hidden = plan.rows, shape[-1]
+    if storage != "split":
+        assert "outputs grid" not in choices
+        return
+    batches = shape[0] if per_batch else 1
+    chunks, groups = kernel.split_grid(rows, hidden, plan.bucket.elems_per_access, batches)
+    assert groups % batches == 0 and batches <= groups <= rows
+    assert chunks * kernel.split_threads * plan.bucket.elems_per_access >= hidden
+    assert (chunks - 1) * kernel.split_threads * plan.bucket.elems_per_access < hidden
+    assert chunks * groups <= max(
+        chunks, profile.sm_count * kernel.resident_threads_per_sm // kernel.split_threads
+    )
+    assert choices["outputs grid"] == f"{chunks} column chunks × {groups} row groups"
+    assert choices["partial rows"].startswith(f"{groups} × {hidden} fp32")
+    assert 1 <= kernel.split_rows <= 4
