@@ -373,7 +373,8 @@ struct RowValues {
 // row: the sums (each a pass over the row on chip and a reduction over its threads), then the outputs:
 // a row output is written, a column output added to the slot's fp32 sums. A thread always serves the
 // same columns, so the column inputs are loaded once and the sums stay in registers until the slot
-// writes its partial row. Every slot writes its partial row, zeros where it had no rows.
+// writes its partial row. Every slot writes its partial row, zeros where it had no rows. kSplit (a row
+// beyond the registers): the sums only, each row's scalars written for the outputs kernel below.
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
