@@ -247,6 +247,7 @@ class ColumnReduceContext(FamilyContext):
     held: list[Tensor]  # the others: held on chip (registers, staged or re-read) with the row
     shaped_like: dict[str, str]  # an output shaped like a broadcast input -> that input
     summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per slot
+    workspace: bool  # the launcher takes fp32 scratch (partial rows, a split row's scalars) from the binding
 
 
 class ColumnReduceFamily(RowsFamily):
@@ -598,6 +599,7 @@ class ColumnReduceFamily(RowsFamily):
             held=self._held(spec),
             shaped_like=structure.shaped_like,
             summed_outputs=self.summed_outputs(spec),
+            workspace=True,
         )
 
     @staticmethod
