@@ -129,6 +129,21 @@ class ColumnReduce(Structure):
     def names(self) -> list[str]:
         return self.scalars()
 
+    def levels(self) -> list[list[int]]:
+        """The sums in runs of consecutive ones whose summands (in every convention) read no scalar finalized
+        in the same run: each run is one pass over the row and one reduction of its values, each value
+        reduced as alone (the same roundings as one sum after another)."""
+        runs: list[list[int]] = []
+        made: set[str] = set()
+        for k, first in enumerate(self.sums[self.conventions[0].name]):
+            reads = {str(v) for sums in self.sums.values() for v in sums[k].summand.free_symbols}
+            if not runs or reads & made:
+                runs.append([])
+                made = set()
+            runs[-1].append(k)
+            made |= set(first.finalize)
+        return runs
+
     def check(self, spec: OpSpec) -> set[str]:
         if set(self.sums) != {c.name for c in self.conventions}:
             raise ValueError(
@@ -236,6 +251,7 @@ class ColumnConventionCode:
 class ColumnReduceContext(FamilyContext):
     scalars: list[str]
     n_sums: int
+    levels: list[list[int]]  # runs of sums reduced together (ColumnReduce.levels)
     kernel_params: str
     launch_args: str
     input_args: str
@@ -588,6 +604,7 @@ class ColumnReduceFamily(RowsFamily):
             fake_outputs=[self._fake_output(spec, t) for t in spec.outputs],
             scalars=structure.scalars(),
             n_sums=len(structure.sums[spec.default_convention]),
+            levels=structure.levels(),
             kernel_params=kernel_params,
             launch_args=launch_args,
             input_args=", ".join(f"float {t.name}" for t in inputs),

@@ -308,26 +308,34 @@ struct Convention_single_rounding {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Reduction of one fp32 value per thread over the THREADS_PER_ROW threads of a row: warp shuffles,
-// then (rows wider than a warp) one exchange through shared memory.
+// Reduction of N fp32 values per thread over the THREADS_PER_ROW threads of a row, each as a reduction of
+// its own: warp shuffles, then (rows wider than a warp) one exchange through shared memory for all N.
 // ---------------------------------------------------------------------------------------------
-template <int THREADS_PER_ROW>
-__device__ __forceinline__ float row_reduce_sum(float v, float* scratch) {
+template <int THREADS_PER_ROW, int N, int WARPS>
+__device__ __forceinline__ void row_reduce_sums(float (&v)[N], float (*scratch)[WARPS]) {
   constexpr int kLanes = THREADS_PER_ROW < kWarpSize ? THREADS_PER_ROW : kWarpSize;
 #pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset, kLanes);
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset, kLanes);
+  }
   if constexpr (THREADS_PER_ROW > kWarpSize) {
     constexpr int kWarpsPerRow = THREADS_PER_ROW / kWarpSize;
     const int warp = threadIdx.x / kWarpSize;
     const int lane = threadIdx.x % kWarpSize;
-    if (lane == 0) scratch[warp] = v;
+    if (lane == 0) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) scratch[n][warp] = v[n];
+    }
     __syncthreads();
     const int first_warp_of_row = warp - warp % kWarpsPerRow;
-    v = lane < kWarpsPerRow ? scratch[first_warp_of_row + lane] : 0.0f;
 #pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    for (int n = 0; n < N; ++n) {
+      v[n] = lane < kWarpsPerRow ? scratch[n][first_warp_of_row + lane] : 0.0f;
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
+    }
   }
-  return v;
 }
 
 // Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
@@ -488,8 +496,8 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
     }
 
     Stats stats{};
-    {  // sum 0
-      float partial = 0.0f;
+    {  // sum 0: one pass over the row
+      float partial[1] = {};
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         const Values v = fetch(k, i);
 #pragma unroll
@@ -498,13 +506,14 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
           const Access& grad_out_v = v.grad_out_v;
           const Access& weight_v = v.weight_v;
           const Access& bias_v = v.bias_v;
-          partial += Conv::template summand_0<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
+          partial[0] += Conv::template summand_0<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
         }
       });
-      Conv::finalize_0(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[0]), stats, params);
+      row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[0]);
+      Conv::finalize_0(partial[0], stats, params);
     }
-    {  // sum 1
-      float partial = 0.0f;
+    {  // sums 1, 2: one pass over the row, one reduction of the 2 (no summand reads another's scalars)
+      float partial[2] = {};
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         const Values v = fetch(k, i);
 #pragma unroll
@@ -513,13 +522,16 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
           const Access& grad_out_v = v.grad_out_v;
           const Access& weight_v = v.weight_v;
           const Access& bias_v = v.bias_v;
-          partial += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
+          partial[0] += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
+          partial[1] += Conv::template summand_2<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
         }
       });
-      Conv::finalize_1(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[1]), stats, params);
+      row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[1]);
+      Conv::finalize_1(partial[0], stats, params);
+      Conv::finalize_2(partial[1], stats, params);
     }
-    {  // sum 2
-      float partial = 0.0f;
+    {  // sum 3: one pass over the row
+      float partial[1] = {};
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         const Values v = fetch(k, i);
 #pragma unroll
@@ -528,25 +540,11 @@ layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
           const Access& grad_out_v = v.grad_out_v;
           const Access& weight_v = v.weight_v;
           const Access& bias_v = v.bias_v;
-          partial += Conv::template summand_2<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
+          partial[0] += Conv::template summand_3<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
         }
       });
-      Conv::finalize_2(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[2]), stats, params);
-    }
-    {  // sum 3
-      float partial = 0.0f;
-      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-        const Values v = fetch(k, i);
-#pragma unroll
-        for (int j = 0; j < ELEMS; ++j) {
-          const Access& x_v = v.x_v;
-          const Access& grad_out_v = v.grad_out_v;
-          const Access& weight_v = v.weight_v;
-          const Access& bias_v = v.bias_v;
-          partial += Conv::template summand_3<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), (bias != nullptr ? to_float(bias_v.v[j]) : 0.0f), stats, params);
-        }
-      });
-      Conv::finalize_3(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[3]), stats, params);
+      row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[3]);
+      Conv::finalize_3(partial[0], stats, params);
     }
 
     if constexpr (STORAGE == RowStorage::kSplit) {  // the outputs are the second kernel's

@@ -282,26 +282,34 @@ struct Convention_transformers {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Reduction of one fp32 value per thread over the THREADS_PER_ROW threads of a row: warp shuffles,
-// then (rows wider than a warp) one exchange through shared memory.
+// Reduction of N fp32 values per thread over the THREADS_PER_ROW threads of a row, each as a reduction of
+// its own: warp shuffles, then (rows wider than a warp) one exchange through shared memory for all N.
 // ---------------------------------------------------------------------------------------------
-template <int THREADS_PER_ROW>
-__device__ __forceinline__ float row_reduce_sum(float v, float* scratch) {
+template <int THREADS_PER_ROW, int N, int WARPS>
+__device__ __forceinline__ void row_reduce_sums(float (&v)[N], float (*scratch)[WARPS]) {
   constexpr int kLanes = THREADS_PER_ROW < kWarpSize ? THREADS_PER_ROW : kWarpSize;
 #pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset, kLanes);
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset, kLanes);
+  }
   if constexpr (THREADS_PER_ROW > kWarpSize) {
     constexpr int kWarpsPerRow = THREADS_PER_ROW / kWarpSize;
     const int warp = threadIdx.x / kWarpSize;
     const int lane = threadIdx.x % kWarpSize;
-    if (lane == 0) scratch[warp] = v;
+    if (lane == 0) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) scratch[n][warp] = v[n];
+    }
     __syncthreads();
     const int first_warp_of_row = warp - warp % kWarpsPerRow;
-    v = lane < kWarpsPerRow ? scratch[first_warp_of_row + lane] : 0.0f;
 #pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    for (int n = 0; n < N; ++n) {
+      v[n] = lane < kWarpsPerRow ? scratch[n][first_warp_of_row + lane] : 0.0f;
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
+    }
   }
-  return v;
 }
 
 // Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
@@ -454,8 +462,8 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
     }
 
     Stats stats{};
-    {  // sum 0
-      float partial = 0.0f;
+    {  // sums 0, 1: one pass over the row, one reduction of the 2 (no summand reads another's scalars)
+      float partial[2] = {};
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         const Values v = fetch(k, i);
 #pragma unroll
@@ -463,24 +471,13 @@ rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* 
           const Access& x_v = v.x_v;
           const Access& grad_out_v = v.grad_out_v;
           const Access& weight_v = v.weight_v;
-          partial += Conv::template summand_0<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
+          partial[0] += Conv::template summand_0<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
+          partial[1] += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
         }
       });
-      Conv::finalize_0(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[0]), stats, params);
-    }
-    {  // sum 1
-      float partial = 0.0f;
-      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-        const Values v = fetch(k, i);
-#pragma unroll
-        for (int j = 0; j < ELEMS; ++j) {
-          const Access& x_v = v.x_v;
-          const Access& grad_out_v = v.grad_out_v;
-          const Access& weight_v = v.weight_v;
-          partial += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(grad_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
-        }
-      });
-      Conv::finalize_1(row_reduce_sum<THREADS_PER_ROW>(partial, scratch[1]), stats, params);
+      row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[0]);
+      Conv::finalize_0(partial[0], stats, params);
+      Conv::finalize_1(partial[1], stats, params);
     }
 
     if constexpr (STORAGE == RowStorage::kSplit) {  // the outputs are the second kernel's
