@@ -18,6 +18,7 @@ from kgen.codegen import CudaPrinter, evaluate
 from kgen.dsl import Convention, OpSpec, Tensor, sigmoid, to_io_dtype
 from kgen.families import family_of
 from kgen.families.elementwise import Elementwise
+from kgen.families.row_backward import linear_parts
 from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 from kgen.project import resolve_target
 
@@ -121,6 +122,53 @@ def test_rmsnorm_backward_is_the_one_extra_reduction_form():
     mean = (x1 * rstd * w1 * g1 + x2 * rstd * w2 * g2) / 2
     assert sp.simplify(outputs["grad_x"].subs(scope | rows[0]) - rstd * (w1 * g1 - x1 * rstd * mean)) == 0
     assert sp.simplify(outputs["grad_weight"].subs(scope | rows[0]) - g1 * x1 * rstd) == 0
+
+
+LAYERNORM_ROUND = (
+    "rstd",
+    "rstd_slope",
+    "grad_sum_rstd",
+    "grad_sum_mean_part0",
+    "grad_sum_mean_part1",
+    "grad_sum_mean",
+)
+
+
+@pytest.mark.parametrize(
+    "op, rounds",
+    [
+        ("rmsnorm", [["rstd", "rstd_slope", "grad_sum_rstd"]]),
+        ("residual_adaln_rmsnorm", [["rstd", "rstd_slope", "grad_sum_rstd"]]),
+        ("layernorm", [["mean", "mean_slope"], [*LAYERNORM_ROUND]]),
+        ("adaln_layernorm", [["mean", "mean_slope"], [*LAYERNORM_ROUND]]),
+    ],
+)
+def test_a_backward_reduces_its_sums_in_as_few_rounds_as_they_read_each_other(op, rounds):
+    """Sums whose summands read no scalar of each other's share one pass and one block reduction
+    (ColumnReduce.levels): RMSNorm's statistic and its backward sum; layernorm's mean first, then the rest,
+    its mean's backward sum split in parts linear in the row scalars (Σ -w·dy·rstd = -rstd·Σ w·dy), so it
+    waits for no other sum. The scalars each round finalizes last, in order."""
+    back = family_of(load_spec(op)).backward(load_spec(op))
+    sums = back.structure.sums["single_rounding"]
+    assert [[name for k in level for name in sums[k].finalize] for level in back.structure.levels()] == rounds
+    if op.endswith("layernorm"):  # the last part's finalize combines the parts: mean_slope·Σ coefficient·part
+        last = sums[-1].finalize["grad_sum_mean"]
+        assert {str(v) for v in last.free_symbols} >= {"grad_sum_mean_part0", "grad_sum_mean_part1", "rstd"}
+
+
+def test_linear_parts_split_only_what_a_chained_scalar_multiplies():
+    x, dy, w, rstd, mean, g = sp.symbols("x dy w rstd mean g")
+    scalars, chained = {"rstd", "mean", "g"}, {"g"}
+    assert linear_parts(-dy * w * rstd + g * (2 * mean - 2 * x), scalars, chained) == [
+        (g, 2 * mean - 2 * x),
+        (-rstd, dy * w),
+    ] or linear_parts(-dy * w * rstd + g * (2 * mean - 2 * x), scalars, chained) == [
+        (-rstd, dy * w),
+        (g, 2 * mean - 2 * x),
+    ]
+    assert linear_parts(dy * w * (x - mean), scalars, chained) is None  # reads no chained scalar: one sum
+    assert linear_parts(sp.exp(g * x), scalars, chained) is None  # not linear in g: stays one sum after g's
+    assert linear_parts(g * x + g * 3 * x, scalars, chained) == [(4 * g, x)]  # equal parts add coefficients
 
 
 def test_an_absent_weight_gets_no_gradient_in_the_math():

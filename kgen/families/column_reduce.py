@@ -133,13 +133,11 @@ class ColumnReduce(Structure):
         """The sums in runs of consecutive ones whose summands (in every convention) read no scalar finalized
         in the same run: each run is one pass over the row and one reduction of its values, each value
         reduced as alone (the same roundings as one sum after another)."""
-        runs: list[list[int]] = []
-        made: set[str] = set()
+        runs, made = [], set()
         for k, first in enumerate(self.sums[self.conventions[0].name]):
             reads = {str(v) for sums in self.sums.values() for v in sums[k].summand.free_symbols}
             if not runs or reads & made:
-                runs.append([])
-                made = set()
+                runs, made = [*runs, []], set()
             runs[-1].append(k)
             made |= set(first.finalize)
         return runs

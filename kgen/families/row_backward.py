@@ -12,6 +12,24 @@ from ..dsl import Convention, OpSpec, Tensor
 from .column_reduce import ColumnReduce, RowSum, row_sum
 
 
+def linear_parts(summand: sp.Expr, scalars: set[str], chained: set[str]) -> list[tuple] | None:
+    """``summand`` as Σ coefficient · part, each coefficient a product of row scalars (``scalars``: the
+    same for every element of a row), the parts (distinct, in first-seen order) reading none of ``chained``;
+    None where that form does not exist or reads no ``chained`` scalar (nothing to gain: one sum stays
+    one)."""
+    if not {str(v) for v in summand.free_symbols} & chained:
+        return None
+    parts: dict[sp.Expr, sp.Expr] = {}
+    for term in sp.Add.make_args(summand):
+        factors = sp.Mul.make_args(term)
+        coefficient = sp.Mul(*(f for f in factors if {str(v) for v in f.free_symbols} <= scalars))
+        part = sp.Mul(*(f for f in factors if not {str(v) for v in f.free_symbols} <= scalars))
+        if {str(v) for v in part.free_symbols} & chained:
+            return None
+        parts[part] = parts.get(part, sp.S.Zero) + coefficient
+    return [(c, p) for p, c in parts.items()]
+
+
 def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSpec:
     """The backward of a row reduction (kgen.families.row_reduce: per convention its reductions, each a stat
     = finalize(Σ summand), and its outputs), as a column reduction; see RowReduceFamily.backward. A broadcast
@@ -39,6 +57,37 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
     per_convention = {c.name: back_summands(c.outputs, reductions[c.name]) for c in structure.conventions}
     stats = [r.stat for r in reductions[structure.conventions[0].name]]
     needed = [k for k in range(len(stats)) if any(s[k] != 0 for s in per_convention.values())]
+    # a backward sum whose summand is Σ row scalar · part, with parts that read no gradient sum, splits
+    # into one sum per part (in every convention as many), reduced with the sums before it
+    # (ColumnReduce.levels) and combined by the last part's finalize
+    scalars = {p.name for p in spec.params} | {
+        n for r in reductions[structure.conventions[0].name] for n in (r.stat, slope(r.stat).name)
+    }
+    grad_sums = {grad_sum(s).name for s in stats}
+    parts = {
+        c: [linear_parts(summands[k], scalars | grad_sums, grad_sums) for k in range(len(stats))]
+        for c, summands in per_convention.items()
+    }
+    split = {
+        k
+        for k in needed
+        if all(p[k] is not None for p in parts.values()) and len({len(p[k]) for p in parts.values()}) == 1
+    }
+
+    def backward_sums(convention: str, k: int) -> list[RowSum]:
+        name, slope_ = grad_sum(stats[k]).name, slope(stats[k])
+        if k not in split:
+            return [RowSum(summand=per_convention[convention][k], finalize={name: row_sum * slope_})]
+        mine = parts[convention][k]
+        names = [sp.Symbol(f"{name}_part{j}") for j in range(len(mine))]
+        combined = slope_ * sp.Add(*(c * n for (c, _), n in zip(mine, names, strict=True)))
+        return [
+            RowSum(
+                summand=part, finalize={n.name: row_sum} | ({name: combined} if j == len(mine) - 1 else {})
+            )
+            for j, ((_, part), n) in enumerate(zip(mine, names, strict=True))
+        ]
+
     sums, conventions = {}, []
     for c in structure.conventions:
         forward = [  # the statistics again, with their slopes dF/dS
@@ -48,13 +97,7 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
             )
             for r in reductions[c.name]
         ]
-        backward = [
-            RowSum(
-                summand=per_convention[c.name][k],
-                finalize={grad_sum(stats[k]).name: row_sum * slope(stats[k])},
-            )
-            for k in reversed(needed)
-        ]
+        backward = [sum_ for k in reversed(needed) for sum_ in backward_sums(c.name, k)]
         sums[c.name] = forward + backward
 
         def gradient(v: str) -> sp.Expr:

@@ -207,6 +207,8 @@ struct Stats {
   float rstd;
   float rstd_slope;
   float grad_sum_rstd;
+  float grad_sum_mean_part0;
+  float grad_sum_mean_part1;
   float grad_sum_mean;
 };
 
@@ -248,16 +250,28 @@ struct Convention_single_rounding {
   __device__ __forceinline__ static void finalize_2(float row_sum, Stats& stats, const Params& params) {
     stats.grad_sum_rstd = row_sum*stats.rstd_slope;
   }
-  // sum 3: -grad_out*rstd*(scale + 1) + grad_sum_rstd*(2*mean - 2*x)
+  // sum 3: 2*mean - 2*x
   template <typename T>
   __device__ __forceinline__ static float summand_3(float x, float scale, float shift, float grad_out, const Stats& stats, const Params& params) {
     float partial;
-    partial = -grad_out*stats.rstd*(scale + 1) + stats.grad_sum_rstd*(2*stats.mean - 2*x);
+    partial = 2*stats.mean - 2*x;
     return partial;
   }
-  // then grad_sum_mean = mean_slope*row_sum
+  // then grad_sum_mean_part0 = row_sum
   __device__ __forceinline__ static void finalize_3(float row_sum, Stats& stats, const Params& params) {
-    stats.grad_sum_mean = stats.mean_slope*row_sum;
+    stats.grad_sum_mean_part0 = row_sum;
+  }
+  // sum 4: grad_out*(scale + 1)
+  template <typename T>
+  __device__ __forceinline__ static float summand_4(float x, float scale, float shift, float grad_out, const Stats& stats, const Params& params) {
+    float partial;
+    partial = grad_out*(scale + 1);
+    return partial;
+  }
+  // then grad_sum_mean_part1 = row_sum, grad_sum_mean = mean_slope*(grad_sum_mean_part0*grad_sum_rstd - grad_sum_mean_part1*rstd)
+  __device__ __forceinline__ static void finalize_4(float row_sum, Stats& stats, const Params& params) {
+    stats.grad_sum_mean_part1 = row_sum;
+    stats.grad_sum_mean = stats.mean_slope*(stats.grad_sum_mean_part0*stats.grad_sum_rstd - stats.grad_sum_mean_part1*stats.rstd);
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float scale, float shift, float grad_out, const Stats& stats, const Params& params,
@@ -307,16 +321,28 @@ struct Convention_diffusers {
   __device__ __forceinline__ static void finalize_2(float row_sum, Stats& stats, const Params& params) {
     stats.grad_sum_rstd = row_sum*stats.rstd_slope;
   }
-  // sum 3: -grad_out*rstd*to_io_dtype(scale + 1) + grad_sum_rstd*(2*mean - 2*x)
+  // sum 3: 2*mean - 2*x
   template <typename T>
   __device__ __forceinline__ static float summand_3(float x, float scale, float shift, float grad_out, const Stats& stats, const Params& params) {
     float partial;
-    partial = -grad_out*stats.rstd*round_to_io<T>(scale + 1) + stats.grad_sum_rstd*(2*stats.mean - 2*x);
+    partial = 2*stats.mean - 2*x;
     return partial;
   }
-  // then grad_sum_mean = mean_slope*row_sum
+  // then grad_sum_mean_part0 = row_sum
   __device__ __forceinline__ static void finalize_3(float row_sum, Stats& stats, const Params& params) {
-    stats.grad_sum_mean = stats.mean_slope*row_sum;
+    stats.grad_sum_mean_part0 = row_sum;
+  }
+  // sum 4: grad_out*to_io_dtype(scale + 1)
+  template <typename T>
+  __device__ __forceinline__ static float summand_4(float x, float scale, float shift, float grad_out, const Stats& stats, const Params& params) {
+    float partial;
+    partial = grad_out*round_to_io<T>(scale + 1);
+    return partial;
+  }
+  // then grad_sum_mean_part1 = row_sum, grad_sum_mean = mean_slope*(grad_sum_mean_part0*grad_sum_rstd - grad_sum_mean_part1*rstd)
+  __device__ __forceinline__ static void finalize_4(float row_sum, Stats& stats, const Params& params) {
+    stats.grad_sum_mean_part1 = row_sum;
+    stats.grad_sum_mean = stats.mean_slope*(stats.grad_sum_mean_part0*stats.grad_sum_rstd - stats.grad_sum_mean_part1*stats.rstd);
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float scale, float shift, float grad_out, const Stats& stats, const Params& params,
@@ -426,7 +452,7 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
   using Values = RowValues<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
   constexpr int kCached = STORAGE != RowStorage::kSplit ? MAX_ACCESSES : 1;
-  __shared__ float scratch[4][ceil_div(kBlock, kWarpSize)];
+  __shared__ float scratch[5][ceil_div(kBlock, kWarpSize)];
 
   const int lane = threadIdx.x % THREADS_PER_ROW;
   const int slot = threadIdx.x / THREADS_PER_ROW;
@@ -551,8 +577,8 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
       row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[0]);
       Conv::finalize_0(partial[0], stats, params);
     }
-    {  // sums 1, 2: one pass over the row, one reduction of the 2 (no summand reads another's scalars)
-      float partial[2] = {};
+    {  // sums 1, 2, 3, 4: one pass over the row, one reduction of the 4 (no summand reads another's scalars)
+      float partial[4] = {};
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         const Values v = fetch(k, i);
 #pragma unroll
@@ -563,27 +589,15 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
           const Access& grad_out_v = v.grad_out_v;
           partial[0] += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), stats, params);
           partial[1] += Conv::template summand_2<T>(to_float(x_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), stats, params);
+          partial[2] += Conv::template summand_3<T>(to_float(x_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), stats, params);
+          partial[3] += Conv::template summand_4<T>(to_float(x_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), stats, params);
         }
       });
       row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[1]);
       Conv::finalize_1(partial[0], stats, params);
       Conv::finalize_2(partial[1], stats, params);
-    }
-    {  // sum 3: one pass over the row
-      float partial[1] = {};
-      for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-        const Values v = fetch(k, i);
-#pragma unroll
-        for (int j = 0; j < ELEMS; ++j) {
-          const Access& x_v = v.x_v;
-          const Access& scale_v = v.scale_v;
-          const Access& shift_v = v.shift_v;
-          const Access& grad_out_v = v.grad_out_v;
-          partial[0] += Conv::template summand_3<T>(to_float(x_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), stats, params);
-        }
-      });
-      row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[3]);
-      Conv::finalize_3(partial[0], stats, params);
+      Conv::finalize_3(partial[2], stats, params);
+      Conv::finalize_4(partial[3], stats, params);
     }
 
     if constexpr (STORAGE == RowStorage::kSplit) {  // the outputs are the second kernel's
