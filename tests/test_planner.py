@@ -134,6 +134,7 @@ def test_rotary_heads_in_flight(op, heads):
     "op, shape, per_batch, storage",
     [
         ("rmsnorm", (64, 8192), False, "staged"),
+        ("rmsnorm", (65536, 128), False, "staged"),  # 8 rows a block, one partial row
         ("rmsnorm", (64, 8200), False, "split"),
         ("rmsnorm", (256, 65536), False, "split"),
         ("residual_adaln_rmsnorm", (3, 40, 4096), True, "staged"),
@@ -145,7 +146,8 @@ def test_rotary_heads_in_flight(op, heads):
 def test_rows_beyond_the_registers_split_into_row_groups(op, shape, per_batch, storage):
     """A backward row beyond the register budget splits into the sums kernel and the outputs kernel over
     column chunks × row groups: at least one group per batch and at most a batch's rows, groups never
-    spanning batches, the chunks covering the row, one partial row per group."""
+    spanning batches, the chunks covering the row, one partial row per group. A row held on chip: one
+    partial row per block (its row slots' added in shared memory), the blocks resident at once."""
     from kgen.catalog import backward_spec
     from kgen.families import family_of
     from kgen.families.base import Case
@@ -156,8 +158,10 @@ def test_rows_beyond_the_registers_split_into_row_groups(op, shape, per_batch, s
     assert plan.bucket.storage == storage
     choices = {name: value for name, value, _ in plan.choices}
     rows, hidden = plan.rows, shape[-1]
-    if storage != "split":
+    if storage != "split":  # one partial row per block, its row slots' added in shared memory
         assert "outputs grid" not in choices
+        assert choices["partial rows"].startswith(f"{plan.grid} × {hidden} fp32")
+        assert plan.grid * plan.bucket.block_threads <= profile.sm_count * kernel.resident_threads_per_sm
         return
     batches = shape[0] if per_batch else 1
     chunks, groups = kernel.split_grid(rows, hidden, plan.bucket.elems_per_access, batches)

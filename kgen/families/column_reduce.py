@@ -5,15 +5,15 @@ reduces across rows.
 
 Determinism: a column output is never accumulated with atomics. Each block takes a fixed partition of the
 rows (block b, row slot s: rows (b · rows per block + s) + k · blocks · rows per block), sums its rows'
-values in fp32 registers and writes one partial row; a second kernel adds the partial rows in a fixed order
-and rounds once to the dtype. An output shaped like a broadcast input (`shaped_like`) is summed over the rows
-the input broadcasts over: a per-token [B, S, C] input's is written per row; a per-batch [B, 1, C] input's is
-summed per batch, the partition then splitting each batch's rows among its own blocks (block b of batch g,
-never rows of two batches) so that batch g's partial rows are a contiguous run the second kernel adds alone;
-any other broadcast's is written per row to scratch and summed to the input's shape by torch. The block
-count comes from the profile ([planner.column_reduce]: the threads
-resident per SM × the SMs), never grows with the row count, and the same shape on the same build always
-sums in the same order: the result is bitwise identical run to run.
+values in fp32 registers, adds its row slots' in shared memory in slot order and writes one partial row; a
+second kernel adds the partial rows in a fixed order and rounds once to the dtype. An output shaped like a
+broadcast input (`shaped_like`) is summed over the rows the input broadcasts over: a per-token [B, S, C]
+input's is written per row; a per-batch [B, 1, C] input's is summed per batch, the partition then splitting
+each batch's rows among its own blocks (block b of batch g, never rows of two batches) so that batch g's
+partial rows are a contiguous run the second kernel adds alone; any other broadcast's is written per row to
+scratch and summed to the input's shape by torch. The block count comes from the profile
+([planner.column_reduce]: the threads resident per SM × the SMs), never grows with the row count, and the
+same shape on the same build always sums in the same order: the result is bitwise identical run to run.
 
 DSL: `ColumnReduce(sums={convention: [RowSum, ...]}, when_given={output: optional input},
 shaped_like={output: broadcast input})`. Plan: threads per row by row size (the profile's ladder), the row's
@@ -260,7 +260,7 @@ class ColumnReduceContext(FamilyContext):
     streamed: list[str]  # row inputs only the outputs read: loaded there, not held with the row
     held: list[Tensor]  # the others: held on chip (registers, staged or re-read) with the row
     shaped_like: dict[str, str]  # an output shaped like a broadcast input -> that input
-    summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per slot
+    summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per block
     workspace: bool  # the launcher takes fp32 scratch (partial rows, a split row's scalars) from the binding
 
 
@@ -306,7 +306,8 @@ class ColumnReduceFamily(RowsFamily):
             "scalar path": "otherwise one element per access: correct for any alignment and any hidden size",
             "partition": f"at most {resident} threads per SM × {profile.sm_count} SMs of blocks (profile "
             f"planner.column_reduce.resident_threads_per_sm{halved}), each summing a fixed set of "
-            "rows into one fp32 partial row per row slot; a second kernel adds them in a fixed order: "
+            "rows into one fp32 partial row per block (its row slots' added in order in shared memory); "
+            "a second kernel adds them in a fixed order: "
             "deterministic, no atomics",
             "block_threads": f"{profile.planner.block_threads} threads per block when rows are short "
             "(profile planner.block_threads)",
@@ -479,7 +480,7 @@ class ColumnReduceFamily(RowsFamily):
             ("rows per block", str(b.rows_per_block), b.reasons["rows_per_block"]),
             ("row lives in", b.storage, b.reasons["storage"]),
         ]
-        split, slots = b.storage == "split", grid * b.rows_per_block
+        split, slots = b.storage == "split", grid
         what = (
             "the sums kernel: the blocks resident at once, a row each" if split else kernel.notes["partition"]
         )
@@ -491,7 +492,7 @@ class ColumnReduceFamily(RowsFamily):
             why = f"a row group per resident block of {kernel.split_threads} threads and column chunk; each "
             why += f"loads {kernel.split_rows} rows (within planner.column_reduce.register_bytes_per_thread)"
             choices.append(("outputs grid", f"{chunks} column chunks × {slots} row groups", why))
-        per = "row group" if split else "row slot"
+        per = "row group" if split else "block"
         choices.append(
             (
                 "partial rows",

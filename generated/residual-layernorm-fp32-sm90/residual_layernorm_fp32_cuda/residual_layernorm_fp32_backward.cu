@@ -7,7 +7,7 @@
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
 //   vector path: 16-byte accesses (4 × float32) when x, h, gate, grad_out, grad_residual_out, weight, bias, grad_x, grad_h, grad_gate, grad_weight, grad_bias are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
-//   partition: at most 512 threads per SM × 132 SMs of blocks (profile planner.column_reduce.resident_threads_per_sm halved to 512 while one access of the row's held inputs and the fp32 sums (176 B at 16 bits) exceeds a thread's budget, which grows by the registers freed), each summing a fixed set of rows into one fp32 partial row per row slot; a second kernel adds them in a fixed order: deterministic, no atomics
+//   partition: at most 512 threads per SM × 132 SMs of blocks (profile planner.column_reduce.resident_threads_per_sm halved to 512 while one access of the row's held inputs and the fp32 sums (176 B at 16 bits) exceeds a thread's budget, which grows by the registers freed), each summing a fixed set of rows into one fp32 partial row per block (its row slots' added in order in shared memory); a second kernel adds them in a fixed order: deterministic, no atomics
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
@@ -339,6 +339,32 @@ __device__ __forceinline__ void row_reduce_sums(float (&v)[N], float (*scratch)[
   }
 }
 
+// A block's row slots' fp32 column sums added into slot 0's, slot after slot (a fixed order), through shared
+// memory laid out [slot - 1][access][element][lane] so that a warp's stores and loads hit 32 banks.
+template <int THREADS_PER_ROW, int ROWS_PER_BLOCK, int CACHED, int ELEMS>
+__device__ __forceinline__ void add_slots(float (&sums)[CACHED][ELEMS], float* slot_sums) {
+  if constexpr (ROWS_PER_BLOCK > 1) {
+    const int lane = threadIdx.x % THREADS_PER_ROW;
+    const int slot = threadIdx.x / THREADS_PER_ROW;
+    auto at = [&](int s, int k, int j) { return slot_sums + ((((s - 1) * CACHED + k) * ELEMS + j) * THREADS_PER_ROW + lane); };
+    __syncthreads();  // a previous output's slot sums are read
+    if (slot > 0) {
+#pragma unroll
+      for (int k = 0; k < CACHED; ++k)
+#pragma unroll
+        for (int j = 0; j < ELEMS; ++j) *at(slot, k, j) = sums[k][j];
+    }
+    __syncthreads();
+    if (slot == 0) {
+      for (int s = 1; s < ROWS_PER_BLOCK; ++s)
+#pragma unroll
+        for (int k = 0; k < CACHED; ++k)
+#pragma unroll
+          for (int j = 0; j < ELEMS; ++j) sums[k][j] += *at(s, k, j);
+    }
+  }
+}
+
 // Where a row's held inputs live between passes: registers (loaded per row); registers refilled from shared
 // memory, where the slot's next row is copied asynchronously while this one is reduced (staged); or, for rows
 // beyond the registers, nowhere (split): this kernel re-reads the row from global memory (L2) for each sum
@@ -394,8 +420,8 @@ struct RowValues {
 // batches > 1, the same within batch b / (gridDim.x / batches): a block never takes rows of two batches). Per
 // row: the sums (each a pass over the row on chip and a reduction over its threads), then the outputs:
 // a row output is written, a column output added to the slot's fp32 sums. A thread always serves the
-// same columns, so the column inputs are loaded once and the sums stay in registers until the slot
-// writes its partial row. Every slot writes its partial row, zeros where it had no rows. kSplit (a row
+// same columns, so the column inputs are loaded once and the sums stay in registers until the block adds
+// its slots' (add_slots) and writes its partial row, zeros where it had no rows. kSplit (a row
 // beyond the registers): the sums only, each row's scalars written for the outputs kernel below.
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
@@ -412,20 +438,22 @@ residual_layernorm_fp32_backward_kernel(const T* __restrict__ x, int64_t x_row_s
   constexpr int kCached = STORAGE != RowStorage::kSplit ? MAX_ACCESSES : 1;
   constexpr int kColumnsCached = COLUMNS_IN_REGISTERS ? kCached : 1;
   __shared__ float scratch[5][ceil_div(kBlock, kWarpSize)];
+  // the row slots' column sums, added into slot 0's for the block's one partial row (add_slots)
+  __shared__ float slot_sums[ROWS_PER_BLOCK > 1 && STORAGE != RowStorage::kSplit ? (ROWS_PER_BLOCK - 1) * THREADS_PER_ROW * kCached * ELEMS : 1];
 
   const int lane = threadIdx.x % THREADS_PER_ROW;
   const int slot = threadIdx.x / THREADS_PER_ROW;
   const int64_t accesses = hidden / ELEMS;
   Pack<float, ELEMS> weight_regs[kColumnsCached] = {};  // zeroed: a generated kernel compiles without warnings
   Pack<float, ELEMS> bias_regs[kColumnsCached] = {};  // zeroed: a generated kernel compiles without warnings
-  float* const grad_weight_slot = STORAGE == RowStorage::kSplit || grad_weight_partials == nullptr  // kSplit: the outputs kernel's
-                                       ? nullptr : grad_weight_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
+  float* const grad_weight_partial = STORAGE == RowStorage::kSplit || grad_weight_partials == nullptr  // kSplit: the outputs kernel's
+                                       ? nullptr : grad_weight_partials + int64_t(blockIdx.x) * hidden;
   float grad_weight_sums[kCached][ELEMS] = {};
-  float* const grad_bias_slot = STORAGE == RowStorage::kSplit || grad_bias_partials == nullptr  // kSplit: the outputs kernel's
-                                       ? nullptr : grad_bias_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
+  float* const grad_bias_partial = STORAGE == RowStorage::kSplit || grad_bias_partials == nullptr  // kSplit: the outputs kernel's
+                                       ? nullptr : grad_bias_partials + int64_t(blockIdx.x) * hidden;
   float grad_bias_sums[kCached][ELEMS] = {};
-  float* const grad_gate_slot = STORAGE == RowStorage::kSplit || grad_gate_partials == nullptr  // kSplit: the outputs kernel's
-                                       ? nullptr : grad_gate_partials + (int64_t(blockIdx.x) * ROWS_PER_BLOCK + slot) * hidden;
+  float* const grad_gate_partial = STORAGE == RowStorage::kSplit || grad_gate_partials == nullptr  // kSplit: the outputs kernel's
+                                       ? nullptr : grad_gate_partials + int64_t(blockIdx.x) * hidden;
   float grad_gate_sums[kCached][ELEMS] = {};
   if constexpr (COLUMNS_IN_REGISTERS) {
     for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
@@ -622,21 +650,31 @@ residual_layernorm_fp32_backward_kernel(const T* __restrict__ x, int64_t x_row_s
     if constexpr (THREADS_PER_ROW > kWarpSize) __syncthreads();
   }
 
-  if constexpr (STORAGE != RowStorage::kSplit) {  // the slot's partial rows
-    for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-      if (grad_weight_slot != nullptr) {
+  if constexpr (STORAGE != RowStorage::kSplit) {  // the block's partial rows
+    if (grad_weight_partial != nullptr) {  // the same for the whole block: its barriers line up
+      add_slots<THREADS_PER_ROW, ROWS_PER_BLOCK, kCached, ELEMS>(grad_weight_sums, slot_sums);
+      if (slot == 0)
+        for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) grad_weight_slot[i * ELEMS + j] = grad_weight_sums[k][j];
-      }
-      if (grad_bias_slot != nullptr) {
+          for (int j = 0; j < ELEMS; ++j) grad_weight_partial[i * ELEMS + j] = grad_weight_sums[k][j];
+        });
+    }
+    if (grad_bias_partial != nullptr) {  // the same for the whole block: its barriers line up
+      add_slots<THREADS_PER_ROW, ROWS_PER_BLOCK, kCached, ELEMS>(grad_bias_sums, slot_sums);
+      if (slot == 0)
+        for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) grad_bias_slot[i * ELEMS + j] = grad_bias_sums[k][j];
-      }
-      if (grad_gate_slot != nullptr) {
+          for (int j = 0; j < ELEMS; ++j) grad_bias_partial[i * ELEMS + j] = grad_bias_sums[k][j];
+        });
+    }
+    if (grad_gate_partial != nullptr) {  // the same for the whole block: its barriers line up
+      add_slots<THREADS_PER_ROW, ROWS_PER_BLOCK, kCached, ELEMS>(grad_gate_sums, slot_sums);
+      if (slot == 0)
+        for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-        for (int j = 0; j < ELEMS; ++j) grad_gate_slot[i * ELEMS + j] = grad_gate_sums[k][j];
-      }
-    });
+          for (int j = 0; j < ELEMS; ++j) grad_gate_partial[i * ELEMS + j] = grad_gate_sums[k][j];
+        });
+    }
   }
 }
 
@@ -766,7 +804,7 @@ column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hid
   }
 }
 
-// One configuration: the partition, a partial row per row slot (kSplit: per row group) for each summed output
+// One configuration: the partition, a partial row per block (kSplit: per row group) for each summed output
 // asked for, the kernel (kSplit: then the outputs kernel), then the column sums. Returns the first error.
 template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
@@ -782,7 +820,7 @@ cudaError_t launch_config(const ResidualLayernormFp32BackwardArgs& args, const P
   const int64_t chunks = ceil_div<int64_t>(args.hidden / ELEMS, kSplitThreads);
   const int64_t groups = batches * std::max<int64_t>(1, std::min(args.rows / batches, kResidentThreads / kSplitThreads / chunks / batches));
   if (STORAGE == RowStorage::kSplit && (chunks > kMaxGridX || groups > kMaxGridY)) return cudaErrorInvalidConfiguration;
-  const int64_t slots = STORAGE == RowStorage::kSplit ? groups : blocks * ROWS_PER_BLOCK;  // partial rows per output
+  const int64_t slots = STORAGE == RowStorage::kSplit ? groups : blocks;  // partial rows per output
   void* const outs[kSummedOutputs] = {args.grad_weight, args.grad_bias, args.grad_gate_per_batch};
   float* partials[kSummedOutputs] = {};
   for (int c = 0; c < kSummedOutputs; ++c) {
