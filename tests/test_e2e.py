@@ -63,10 +63,49 @@ SMALL = {
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
+def test_qwen3_train_runs_kgens_rope_in_the_kgen_models_step_alone(reference_kernels, build_root):
+    """kgen's RoPE replaces transformers' module-level apply_rotary_pos_emb, which every Qwen3 model calls:
+    the training workload makes it kgen's only for the kgen model's step (compiled or not), so eager stays
+    eager."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from kgen.integrations.workloads import BUILDERS
+
+    calls = reference_kernels(kgen_transformers.OPS + ("rope",))
+    own = modeling_qwen3.apply_rotary_pos_emb
+    kwargs = dict(root=build_root, arch="sm_90", step=lambda _: None)
+    models, workloads = BUILDERS["qwen3-train"](torch, "cpu", SMALL["qwen3"], kwargs, 1, lambda _: None)
+    (step,) = workloads.values()
+    assert modeling_qwen3.apply_rotary_pos_emb is own  # building the kgen model left the module alone
+
+    class Compiled(torch.nn.Module):  # as torch.compile returns a model: the original as _orig_mod
+        def __init__(self, model):
+            super().__init__()
+            self._orig_mod = model
+
+        def forward(self, *args, **kwargs):
+            return self._orig_mod(*args, **kwargs)
+
+    models["compiled kgen"] = Compiled(models["eager + kgen"])
+    for variant, runs in (
+        ("eager", 0),
+        ("eager + kgen", 1),
+        ("eager", 0),
+        ("compiled kgen", 1),
+        ("eager", 0),
+    ):
+        before = calls.copy()
+        step(models[variant])
+        layers = SMALL["qwen3"]["num_hidden_layers"]
+        assert calls["rope_transformers"] - before["rope_transformers"] == runs * layers, variant
+        assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == runs * layers
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
 @pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux", "wan"])
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
     ops = kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS
-    calls = reference_kernels(ops + (kgen_wan.OPS if target == "wan" else ()))
+    calls = reference_kernels(ops + (kgen_wan.OPS if target == "wan" else ()) + ("rope",))
     before = calls.copy()
     result = run_e2e(
         target,
@@ -82,7 +121,11 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
     ran = {op for op in calls if calls[op] > before[op]}
     assert ran  # the kgen variant ran kgen's ops
     if target == "qwen3-train":  # and their derived backwards
-        assert {"rmsnorm_backward_transformers", "silu_mul_backward_transformers"} <= ran
+        assert {
+            "rmsnorm_backward_transformers",
+            "silu_mul_backward_transformers",
+            "rope_backward_transformers",
+        } <= ran
     if target == "ltx-train":
         assert {"rmsnorm_backward", "rope3d_qk_backward", "gelu_tanh_backward"} <= ran
     workloads = [row["workload"] for row in result["rows"]]

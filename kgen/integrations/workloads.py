@@ -16,10 +16,10 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
   its whole length, so every step costs the same).
 - qwen3-train: one training step (forward with the causal-LM loss on random labels, then backward; no
   optimizer) of the Qwen3-8B config cut to 4 layers at 2 × 2048 tokens; the kgen model kernelized for
-  training (RMSNorm and the SwiGLU MLP with their derived backwards; RoPE, opt-in because it replaces a
-  module-level function every model of the modeling file calls, is left out), and Liger-Kernel's
-  `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused linear cross-entropy) where it is
-  installed.
+  training (RMSNorm, the SwiGLU MLP and RoPE with their derived backwards; RoPE replaces a module-level
+  function every model of the modeling file calls, so it is kgen's only while the kgen model's step runs), and
+  Liger-Kernel's `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused linear
+  cross-entropy) where it is installed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 
 from .diffusion import flux, ltx, ltx_train, wan
-from .transformers import kernelize
+from .transformers import OPS, kernelize
 
 QWEN3_8B = dict(
     vocab_size=151936,
@@ -75,12 +75,16 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
 def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
     from kernels import Mode
     from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.models.qwen3 import modeling_qwen3
 
     cfg = Qwen3Config(**(config or QWEN3_8B | {"num_hidden_layers": 4}))
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).train()
     models = {"eager": model, "eager + kgen": copy.deepcopy(model)}
-    kernelize(models["eager + kgen"], mode=Mode.TRAINING, **kernelize_kwargs)
+    own_rope = modeling_qwen3.apply_rotary_pos_emb
+    kernelize(models["eager + kgen"], OPS + ("rope",), mode=Mode.TRAINING, **kernelize_kwargs)
+    rope = {id(models["eager + kgen"]): modeling_qwen3.apply_rotary_pos_emb}  # kgen's, for its model alone
+    modeling_qwen3.apply_rotary_pos_emb = own_rope
     liger = _liger_qwen3(copy.deepcopy(model))
     if liger is None:
         log("Liger-Kernel is not installed (pip install liger-kernel): no Liger column")
@@ -90,7 +94,8 @@ def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
     ids = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device)
     labels = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device)
 
-    def step(m):
+    def step(m):  # m: a model above or torch.compile of one (its _orig_mod)
+        modeling_qwen3.apply_rotary_pos_emb = rope.get(id(getattr(m, "_orig_mod", m)), own_rope)
         m.zero_grad(set_to_none=True)
         m(ids, labels=labels, use_cache=False).loss.backward()
 
