@@ -153,7 +153,12 @@ def reference_kernels(build_root):
                 name = spec.variant(convention.name)
 
                 def cpu(
-                    *args, name=name, convention=convention.name, reference=spec.reference, ops=namespace
+                    *args,
+                    name=name,
+                    convention=convention.name,
+                    reference=spec.reference,
+                    ops=namespace,
+                    takes_convention=takes_convention,  # bound now: a later op's must not leak in
                 ):
                     calls[name] += 1
                     out = reference(*args, **({"convention": convention} if takes_convention else {}))
