@@ -99,6 +99,7 @@ def test_qwen3_train_runs_kgens_rope_in_the_kgen_models_step_alone(reference_ker
         layers = SMALL["qwen3"]["num_hidden_layers"]
         assert calls["rope_transformers"] - before["rope_transformers"] == runs * layers, variant
         assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == runs * layers
+        assert modeling_qwen3.apply_rotary_pos_emb is own  # and left as it was for what runs next
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")

@@ -96,8 +96,11 @@ def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
 
     def step(m):  # m: a model above or torch.compile of one (its _orig_mod)
         modeling_qwen3.apply_rotary_pos_emb = rope.get(id(getattr(m, "_orig_mod", m)), own_rope)
-        m.zero_grad(set_to_none=True)
-        m(ids, labels=labels, use_cache=False).loss.backward()
+        try:
+            m.zero_grad(set_to_none=True)
+            m(ids, labels=labels, use_cache=False).loss.backward()
+        finally:  # the module as it was for whatever runs next in the process
+            modeling_qwen3.apply_rotary_pos_emb = own_rope
 
     return models, {f"Qwen3 training step, {cfg.num_hidden_layers} layers, {batch}×{tokens} tokens": step}
 
