@@ -107,7 +107,9 @@ class ColumnReduce(Structure):
             "first",
             "scratch",
             "stats",
-            "row_reduce_sum",
+            "row_reduce_sums",
+            "add_slots",
+            "slot_sums",
             "for_each_access",
             "column_sum",
             "workspace",
@@ -130,9 +132,8 @@ class ColumnReduce(Structure):
         return self.scalars()
 
     def levels(self) -> list[list[int]]:
-        """The sums in runs of consecutive ones whose summands (in every convention) read no scalar finalized
-        in the same run: each run is one pass over the row and one reduction of its values, each value
-        reduced as alone (the same roundings as one sum after another)."""
+        """Runs of consecutive sums whose summands (every convention's) read no scalar finalized in the run:
+        one pass over the row and one reduction of its values each, every value reduced as alone."""
         runs, made = [], set()
         for k, first in enumerate(self.sums[self.conventions[0].name]):
             reads = {str(v) for sums in self.sums.values() for v in sums[k].summand.free_symbols}
@@ -307,8 +308,7 @@ class ColumnReduceFamily(RowsFamily):
             "partition": f"at most {resident} threads per SM × {profile.sm_count} SMs of blocks (profile "
             f"planner.column_reduce.resident_threads_per_sm{halved}), each summing a fixed set of "
             "rows into one fp32 partial row per block (its row slots' added in order in shared memory); "
-            "a second kernel adds them in a fixed order: "
-            "deterministic, no atomics",
+            "a second kernel adds them in a fixed order: deterministic, no atomics",
             "block_threads": f"{profile.planner.block_threads} threads per block when rows are short "
             "(profile planner.block_threads)",
             "warp size": f"{profile.warp_size} lanes per shuffle reduction (profile warp_size)",

@@ -17,14 +17,18 @@ def linear_parts(summand: sp.Expr, scalars: set[str], chained: set[str]) -> list
     same for every element of a row), the parts (distinct, in first-seen order) reading none of ``chained``;
     None where that form does not exist or reads no ``chained`` scalar (nothing to gain: one sum stays
     one)."""
-    if not {str(v) for v in summand.free_symbols} & chained:
+
+    def reads(e: sp.Expr) -> set[str]:
+        return {str(v) for v in e.free_symbols}
+
+    if not reads(summand) & chained:
         return None
     parts: dict[sp.Expr, sp.Expr] = {}
     for term in sp.Add.make_args(summand):
         factors = sp.Mul.make_args(term)
-        coefficient = sp.Mul(*(f for f in factors if {str(v) for v in f.free_symbols} <= scalars))
-        part = sp.Mul(*(f for f in factors if not {str(v) for v in f.free_symbols} <= scalars))
-        if {str(v) for v in part.free_symbols} & chained:
+        coefficient = sp.Mul(*(f for f in factors if reads(f) <= scalars))
+        part = sp.Mul(*(f for f in factors if not reads(f) <= scalars))
+        if reads(part) & chained:
             return None
         parts[part] = parts.get(part, sp.S.Zero) + coefficient
     return [(c, p) for p, c in parts.items()]
