@@ -44,3 +44,22 @@ def test_real_parts_sympy_introduces_print_as_the_value():
     # sympy's symbols may be complex: it rewrites |exp(x)| as exp(re(x)); every kernel value is real
     assert statements({"a": sp.Abs(sp.exp(x))}, {}) == ["a = expf((x));"]
     assert statements({"b": sp.Abs(2**x)}, {}) == ["b = powf(2, (x));"]
+
+
+def test_half_integer_powers_are_products_with_a_square_root():
+    # a norm backward's rstd slope, -(1/2)/(eps + s)**(3/2): no powf (about 110 PTX instructions a call)
+    lines = statements(
+        {
+            "a": -x / (2 * (s + eps) ** sp.Rational(3, 2)),
+            "b": s ** sp.Rational(-3, 2),
+            "c": s ** sp.Rational(5, 2),
+        },
+        {},
+    )
+    assert lines == [
+        "a = -1.0F/2.0F*x/((eps + s)*sqrtf(eps + s));",
+        "b = (1.0F/(s*sqrtf(s)));",
+        "c = (s*s*sqrtf(s));",
+    ]
+    assert not any("pow" in line for line in statements({"d": s ** sp.Rational(7, 2)}, {}, double=True))
+    assert statements({"e": s ** sp.Rational(9, 2)}, {}) == ["e = powf(s, 9.0F/2.0F);"]  # beyond: powf

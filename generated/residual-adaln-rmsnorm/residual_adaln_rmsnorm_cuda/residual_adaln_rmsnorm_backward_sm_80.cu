@@ -239,7 +239,7 @@ struct Convention_single_rounding {
   __device__ __forceinline__ static void finalize_0(float row_sum, Stats& stats, const Params& params) {
     const float t0 = params.eps + params.inv_hidden*row_sum;
     stats.rstd = rsqrtf(t0);
-    stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/powf(t0, 3.0F/2.0F);
+    stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/(t0*sqrtf(t0));
   }
   // sum 1: grad_out*weight*(scale + 1)*to_io_dtype(gate*h + x)
   template <typename T>
@@ -282,7 +282,7 @@ struct Convention_diffusers {
   __device__ __forceinline__ static void finalize_0(float row_sum, Stats& stats, const Params& params) {
     const float t0 = params.eps + params.inv_hidden*row_sum;
     stats.rstd = rsqrtf(t0);
-    stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/powf(t0, 3.0F/2.0F);
+    stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/(t0*sqrtf(t0));
   }
   // sum 1: grad_out*weight*to_io_dtype(scale + 1)*to_io_dtype(x + to_io_dtype(gate*h))
   template <typename T>

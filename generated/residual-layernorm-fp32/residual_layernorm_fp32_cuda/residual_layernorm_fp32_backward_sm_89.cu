@@ -248,7 +248,7 @@ struct Convention_single_rounding {
   __device__ __forceinline__ static void finalize_1(float row_sum, Stats& stats, const Params& params) {
     const float t0 = params.eps + params.inv_hidden*row_sum;
     stats.rstd = rsqrtf(t0);
-    stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/powf(t0, 3.0F/2.0F);
+    stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/(t0*sqrtf(t0));
   }
   // sum 2: grad_out*weight*(-mean + to_io_dtype(gate*h + x))
   template <typename T>
