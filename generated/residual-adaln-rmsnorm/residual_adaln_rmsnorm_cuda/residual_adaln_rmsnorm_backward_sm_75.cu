@@ -170,7 +170,7 @@ constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 512;  // profile planner.column_reduce.resident_threads_per_sm
 constexpr int64_t kResidentThreads = int64_t(40) * kResidentPerSm;  // the partition: × profile sm_count
-constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a block gets without opting in
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // shared memory (static + dynamic) a block gets without opting in
 constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
 constexpr int kSplitRows = 2;       // ... and the rows each thread loads before it computes them
 constexpr int64_t kMaxGridY = 65535;  // gridDim.y limit: the column sums loop over more batches
@@ -347,6 +347,13 @@ __device__ __forceinline__ void add_slots(float (&sums)[CACHED][ELEMS], float* s
 // and writes the row's scalars, and a second kernel computes the outputs over row groups × column chunks.
 enum class RowStorage { kRegisters, kStaged, kSplit };
 
+// A block's static shared memory, in floats: the row reductions' scratch (a value per warp for each sum), then
+// the row slots' column sums that add_slots adds into slot 0's (none where a block has one slot).
+template <int BLOCK>
+constexpr int kScratchFloats = 2 * ceil_div(BLOCK, kWarpSize);
+template <int THREADS_PER_ROW, int ROWS_PER_BLOCK, int CACHED, int ELEMS, RowStorage STORAGE>
+constexpr int kSlotSumFloats = ROWS_PER_BLOCK > 1 && STORAGE != RowStorage::kSplit ? (ROWS_PER_BLOCK - 1) * THREADS_PER_ROW * CACHED * ELEMS : 1;
+
 // Calls f(k, i) for this thread's accesses i = lane + k * THREADS_PER_ROW of a row of `count` accesses.
 // With register storage the loop is fully unrolled so k indexes a register array.
 template <int THREADS_PER_ROW, int MAX_ACCESSES, RowStorage STORAGE, typename F>
@@ -414,9 +421,9 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
   constexpr int kCached = STORAGE != RowStorage::kSplit ? MAX_ACCESSES : 1;
   constexpr int kColumnsCached = COLUMNS_IN_REGISTERS ? kCached : 1;
-  __shared__ float scratch[2][ceil_div(kBlock, kWarpSize)];
+  __shared__ float scratch[2][kScratchFloats<kBlock> / 2];
   // the row slots' column sums, added into slot 0's for the block's one partial row (add_slots)
-  __shared__ float slot_sums[ROWS_PER_BLOCK > 1 && STORAGE != RowStorage::kSplit ? (ROWS_PER_BLOCK - 1) * THREADS_PER_ROW * kCached * ELEMS : 1];
+  __shared__ float slot_sums[kSlotSumFloats<THREADS_PER_ROW, ROWS_PER_BLOCK, kCached, ELEMS, STORAGE>];
 
   const int lane = threadIdx.x % THREADS_PER_ROW;
   const int slot = threadIdx.x / THREADS_PER_ROW;
@@ -639,7 +646,7 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
       if (slot == 0)
         for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-          for (int j = 0; j < ELEMS; ++j) grad_weight_partial[i * ELEMS + j] = grad_weight_sums[k][j];
+          for (int j = 0; j < ELEMS; ++j) grad_weight_partial[j * accesses + i] = grad_weight_sums[k][j];  // element-major
         });
     }
     if (grad_scale_partial != nullptr) {  // the same for the whole block: its barriers line up
@@ -647,7 +654,7 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
       if (slot == 0)
         for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-          for (int j = 0; j < ELEMS; ++j) grad_scale_partial[i * ELEMS + j] = grad_scale_sums[k][j];
+          for (int j = 0; j < ELEMS; ++j) grad_scale_partial[j * accesses + i] = grad_scale_sums[k][j];  // element-major
         });
     }
     if (grad_shift_partial != nullptr) {  // the same for the whole block: its barriers line up
@@ -655,7 +662,7 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
       if (slot == 0)
         for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-          for (int j = 0; j < ELEMS; ++j) grad_shift_partial[i * ELEMS + j] = grad_shift_sums[k][j];
+          for (int j = 0; j < ELEMS; ++j) grad_shift_partial[j * accesses + i] = grad_shift_sums[k][j];  // element-major
         });
     }
     if (grad_gate_partial != nullptr) {  // the same for the whole block: its barriers line up
@@ -663,7 +670,7 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
       if (slot == 0)
         for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
 #pragma unroll
-          for (int j = 0; j < ELEMS; ++j) grad_gate_partial[i * ELEMS + j] = grad_gate_sums[k][j];
+          for (int j = 0; j < ELEMS; ++j) grad_gate_partial[j * accesses + i] = grad_gate_sums[k][j];  // element-major
         });
     }
   }
@@ -774,38 +781,42 @@ residual_adaln_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t 
   }
   if (grad_weight_partials != nullptr) {
 #pragma unroll
-    for (int j = 0; j < ELEMS; ++j) grad_weight_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_weight_sums[j];
+    for (int j = 0; j < ELEMS; ++j) grad_weight_partials[blockIdx.y * hidden + j * (hidden / ELEMS) + i] = grad_weight_sums[j];
   }
   if (grad_scale_partials != nullptr) {
 #pragma unroll
-    for (int j = 0; j < ELEMS; ++j) grad_scale_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_scale_sums[j];
+    for (int j = 0; j < ELEMS; ++j) grad_scale_partials[blockIdx.y * hidden + j * (hidden / ELEMS) + i] = grad_scale_sums[j];
   }
   if (grad_shift_partials != nullptr) {
 #pragma unroll
-    for (int j = 0; j < ELEMS; ++j) grad_shift_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_shift_sums[j];
+    for (int j = 0; j < ELEMS; ++j) grad_shift_partials[blockIdx.y * hidden + j * (hidden / ELEMS) + i] = grad_shift_sums[j];
   }
   if (grad_gate_partials != nullptr) {
 #pragma unroll
-    for (int j = 0; j < ELEMS; ++j) grad_gate_partials[blockIdx.y * hidden + i * ELEMS + j] = grad_gate_sums[j];
+    for (int j = 0; j < ELEMS; ++j) grad_gate_partials[blockIdx.y * hidden + j * (hidden / ELEMS) + i] = grad_gate_sums[j];
   }
 }
 
 // The summed outputs: out[c] = the partial rows' sum at column c, in a fixed order (slice g adds slots
-// g, g + kSumSlices, ... in turn; then the slices are added in order), rounded once to the dtype. Group y
+// g, g + kSumSlices, ... in turn; then the slices are added in order), rounded once to the dtype. A partial
+// row is element-major: column i * ELEMS + j (element j of access i) at position j * (hidden / ELEMS) + i, so
+// a warp's stores of it are whole sectors (a thread's ELEMS sums at consecutive columns were 4-byte stores
+// ELEMS apart: partial sectors, their writes draining after the kernel's last instruction). Group y
 // (a batch) adds its own `slots` partial rows into its own output row.
-template <typename T>
+template <typename T, int ELEMS>
 __global__ void __launch_bounds__(kSumColumns * kSumSlices)
 column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hidden, T* __restrict__ out, int64_t groups) {
   __shared__ float slices[kSumSlices][kSumColumns];
-  const int64_t col = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
+  const int64_t position = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;  // in the partial rows
+  const int64_t col = position % (hidden / ELEMS) * ELEMS + position / (hidden / ELEMS);  // in out
   for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // the same loop for the whole block
     const float* const group_partials = partials + group * slots * hidden;
     float sum = 0.0f;
-    if (col < hidden)
-      for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += group_partials[s * hidden + col];
+    if (position < hidden)
+      for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += group_partials[s * hidden + position];
     slices[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
-    if (threadIdx.y == 0 && col < hidden) {
+    if (threadIdx.y == 0 && position < hidden) {
       float total = slices[0][threadIdx.x];
 #pragma unroll
       for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
@@ -847,7 +858,8 @@ cudaError_t launch_config(const ResidualAdalnRmsnormBackwardArgs& args, const Pa
   auto* const kernel = &residual_adaln_rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
   // kStaged: two buffers of every row input's accesses per thread
   constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * kSlotBytes<T, ELEMS> : 0;
-  if constexpr (kStagedBytes > kDefaultSharedBytes) {
+  constexpr size_t kStaticBytes = sizeof(float) * (kScratchFloats<kBlock> + kSlotSumFloats<THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, ELEMS, STORAGE>);
+  if constexpr (kStagedBytes + kStaticBytes > kDefaultSharedBytes) {  // static and dynamic: the opt-in's limit
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
     if (err != cudaSuccess) return err;
   }
@@ -862,25 +874,25 @@ cudaError_t launch_config(const ResidualAdalnRmsnormBackwardArgs& args, const Pa
   }
   if (err == cudaSuccess && outs[0] != nullptr) {  // grad_weight
     const int64_t sums = 1;  // a column output sums every slot
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
+    column_sum_kernel<T, ELEMS><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
                         dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[0], slots / sums, args.hidden, static_cast<T*>(outs[0]), sums);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess && outs[1] != nullptr) {  // grad_scale
     const int64_t sums = batches;
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
+    column_sum_kernel<T, ELEMS><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
                         dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[1], slots / sums, args.hidden, static_cast<T*>(outs[1]), sums);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess && outs[2] != nullptr) {  // grad_shift
     const int64_t sums = batches;
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
+    column_sum_kernel<T, ELEMS><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
                         dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[2], slots / sums, args.hidden, static_cast<T*>(outs[2]), sums);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess && outs[3] != nullptr) {  // grad_gate
     const int64_t sums = batches;
-    column_sum_kernel<<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
+    column_sum_kernel<T, ELEMS><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(std::min<int64_t>(sums, kMaxGridY))),
                         dim3(kSumColumns, kSumSlices), 0, stream>>>(partials[3], slots / sums, args.hidden, static_cast<T*>(outs[3]), sums);
     err = cudaGetLastError();
   }
