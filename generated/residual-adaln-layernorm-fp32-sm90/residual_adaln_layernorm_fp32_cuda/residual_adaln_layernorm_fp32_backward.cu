@@ -11,12 +11,16 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
+//     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, 1 accesses/thread, row in staged
+//     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, 1 accesses/thread, row in staged
 //     rows <= 512 B: 4 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
 //     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
 //     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
 //     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
+//     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in staged
+//     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, 4 accesses/thread, row in staged
 //     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in staged
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in staged
 //     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in staged
@@ -24,12 +28,16 @@
 //     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   float16:
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, 1 accesses/thread, row in registers
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, 1 accesses/thread, row in registers
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
+//     rows <= 64 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in registers
+//     rows <= 128 B: 1 elem/access, 16 threads/row, 16 rows/block, 4 accesses/thread, row in registers
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
@@ -37,12 +45,16 @@
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   bfloat16:
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, 1 accesses/thread, row in registers
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, 1 accesses/thread, row in registers
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
+//     rows <= 64 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in registers
+//     rows <= 128 B: 1 elem/access, 16 threads/row, 16 rows/block, 4 accesses/thread, row in registers
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
@@ -50,6 +62,12 @@
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   why:
+//     threads_per_row (128 B, 4/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 4/access): 32: 256 threads per block / 8 per row
+//     storage (128 B, 4/access): staged: 1 × (5 row inputs, 80 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (256 B, 4/access): 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 4/access): 16: 256 threads per block / 16 per row
+//     storage (256 B, 4/access): staged: 1 × (5 row inputs, 80 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (512 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 4/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 4/access): staged: 1 × (5 row inputs, 80 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -68,6 +86,12 @@
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
+//     threads_per_row (128 B, 1/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 1/access): 32: 256 threads per block / 8 per row
+//     storage (128 B, 1/access): staged: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (256 B, 1/access): 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 1/access): 16: 256 threads per block / 16 per row
+//     storage (256 B, 1/access): staged: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 1/access): staged: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 112 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -86,6 +110,12 @@
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
+//     threads_per_row (128 B, 8/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 8/access): 32: 256 threads per block / 8 per row
+//     storage (128 B, 8/access): registers: 1 × (5 row inputs, 112 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (256 B, 8/access): 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 8/access): 16: 256 threads per block / 16 per row
+//     storage (256 B, 8/access): registers: 1 × (5 row inputs, 112 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 8/access): registers: 1 × (5 row inputs, 112 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
@@ -104,9 +134,15 @@
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
-//     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (256 B, 1/access): registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (64 B, 1/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (64 B, 1/access): 32: 256 threads per block / 8 per row
+//     storage (64 B, 1/access): registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (128 B, 1/access) float16: 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 1/access) float16: 16: 256 threads per block / 16 per row
+//     storage (128 B, 1/access) float16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (256 B, 1/access) float16: 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 1/access) float16: 8: 256 threads per block / 32 per row
+//     storage (256 B, 1/access) float16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
 //     storage (512 B, 1/access) float16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
@@ -118,6 +154,12 @@
 //     storage (2048 B, 1/access) float16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access) float16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     storage (4096 B, 1/access) float16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (128 B, 1/access) bfloat16: 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 1/access) bfloat16: 16: 256 threads per block / 16 per row
+//     storage (128 B, 1/access) bfloat16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (256 B, 1/access) bfloat16: 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 1/access) bfloat16: 8: 256 threads per block / 32 per row
+//     storage (256 B, 1/access) bfloat16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) bfloat16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) bfloat16: 4: 256 threads per block / 64 per row
 //     storage (512 B, 1/access) bfloat16: registers: 4 × (5 row inputs, 20 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
@@ -916,6 +958,8 @@ cudaError_t launch_float32(const ResidualAdalnLayernormFp32BackwardArgs& args, c
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.h_row_stride % kVector == 0 && aligned(args.h, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, alignof(Pack<float, kVector>)) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, alignof(Pack<float, kVector>)) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.gate_row_stride % kVector == 0 && args.gate_outer_stride % kVector == 0 && aligned(args.gate, alignof(Pack<float, kVector>)) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_h_row_stride % kVector == 0 && aligned(args.grad_h, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, alignof(Pack<float, kVector>)) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, alignof(Pack<float, kVector>)) && args.grad_gate_row_stride % kVector == 0 && aligned(args.grad_gate, alignof(Pack<float, kVector>));
   if (vector_path) {
+    if (row_bytes <= 128) return launch_config<T, Conv, kVector, 8, 32, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 256) return launch_config<T, Conv, kVector, 16, 16, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
@@ -923,6 +967,8 @@ cudaError_t launch_float32(const ResidualAdalnLayernormFp32BackwardArgs& args, c
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
+  if (row_bytes <= 128) return launch_config<T, Conv, 1, 8, 32, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 256) return launch_config<T, Conv, 1, 16, 16, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kStaged, true>(args, params, stream);
@@ -939,6 +985,8 @@ cudaError_t launch_float16(const ResidualAdalnLayernormFp32BackwardArgs& args, c
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.h_row_stride % kVector == 0 && aligned(args.h, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, alignof(Pack<float, kVector>)) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, alignof(Pack<float, kVector>)) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.gate_row_stride % kVector == 0 && args.gate_outer_stride % kVector == 0 && aligned(args.gate, alignof(Pack<float, kVector>)) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_h_row_stride % kVector == 0 && aligned(args.grad_h, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, alignof(Pack<float, kVector>)) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, alignof(Pack<float, kVector>)) && args.grad_gate_row_stride % kVector == 0 && aligned(args.grad_gate, alignof(Pack<float, kVector>));
   if (vector_path) {
+    if (row_bytes <= 128) return launch_config<T, Conv, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 256) return launch_config<T, Conv, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
@@ -946,6 +994,8 @@ cudaError_t launch_float16(const ResidualAdalnLayernormFp32BackwardArgs& args, c
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
+  if (row_bytes <= 64) return launch_config<T, Conv, 1, 8, 32, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Conv, 1, 16, 16, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -962,6 +1012,8 @@ cudaError_t launch_bfloat16(const ResidualAdalnLayernormFp32BackwardArgs& args, 
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.h_row_stride % kVector == 0 && aligned(args.h, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, alignof(Pack<float, kVector>)) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, alignof(Pack<float, kVector>)) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.gate_row_stride % kVector == 0 && args.gate_outer_stride % kVector == 0 && aligned(args.gate, alignof(Pack<float, kVector>)) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_h_row_stride % kVector == 0 && aligned(args.grad_h, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, alignof(Pack<float, kVector>)) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, alignof(Pack<float, kVector>)) && args.grad_gate_row_stride % kVector == 0 && aligned(args.grad_gate, alignof(Pack<float, kVector>));
   if (vector_path) {
+    if (row_bytes <= 128) return launch_config<T, Conv, kVector, 8, 32, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 256) return launch_config<T, Conv, kVector, 16, 16, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
@@ -969,6 +1021,8 @@ cudaError_t launch_bfloat16(const ResidualAdalnLayernormFp32BackwardArgs& args, 
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
+  if (row_bytes <= 64) return launch_config<T, Conv, 1, 8, 32, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Conv, 1, 16, 16, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);

@@ -11,6 +11,8 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
+//     rows <= 256 B: 4 elem/access, 8 threads/row, 32 rows/block, 2 accesses/thread, row in staged
+//     rows <= 512 B: 4 elem/access, 16 threads/row, 16 rows/block, 2 accesses/thread, row in staged
 //     rows <= 1024 B: 4 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in staged
 //     rows <= 2048 B: 4 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in staged
 //     rows <= 4096 B: 4 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in staged
@@ -18,6 +20,8 @@
 //     rows <= 16384 B: 4 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in staged
 //     rows <= 32768 B: 4 elem/access, 1024 threads/row, 1 rows/block, 2 accesses/thread, row in staged
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
+//     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in staged
+//     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, 4 accesses/thread, row in staged
 //     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in staged
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in staged
 //     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in staged
@@ -26,6 +30,8 @@
 //     rows <= 16384 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   float16:
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, 1 accesses/thread, row in staged
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, 1 accesses/thread, row in staged
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
@@ -33,6 +39,8 @@
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
+//     rows <= 64 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in registers
+//     rows <= 128 B: 1 elem/access, 16 threads/row, 16 rows/block, 4 accesses/thread, row in registers
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
@@ -41,6 +49,8 @@
 //     rows <= 8192 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   bfloat16:
+//     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, 1 accesses/thread, row in staged
+//     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, 1 accesses/thread, row in staged
 //     rows <= 512 B: 8 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in staged
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
@@ -48,6 +58,8 @@
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows <= 16384 B: 8 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
+//     rows <= 64 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in registers
+//     rows <= 128 B: 1 elem/access, 16 threads/row, 16 rows/block, 4 accesses/thread, row in registers
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
@@ -56,6 +68,12 @@
 //     rows <= 8192 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   why:
+//     threads_per_row (256 B, 4/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 4/access): 32: 256 threads per block / 8 per row
+//     storage (256 B, 4/access): staged: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 128 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (512 B, 4/access): 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (512 B, 4/access): 16: 256 threads per block / 16 per row
+//     storage (512 B, 4/access): staged: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 128 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 4/access): 8: 256 threads per block / 32 per row
 //     storage (1024 B, 4/access): staged: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 128 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -77,6 +95,12 @@
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
+//     threads_per_row (128 B, 1/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 1/access): 32: 256 threads per block / 8 per row
+//     storage (128 B, 1/access): staged: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (256 B, 1/access): 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 1/access): 16: 256 threads per block / 16 per row
+//     storage (256 B, 1/access): staged: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 1/access): staged: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -98,6 +122,12 @@
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
+//     threads_per_row (128 B, 8/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 8/access): 32: 256 threads per block / 8 per row
+//     storage (128 B, 8/access): staged: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (256 B, 8/access): 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 8/access): 16: 256 threads per block / 16 per row
+//     storage (256 B, 8/access): staged: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
 //     storage (512 B, 8/access): staged: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -119,9 +149,15 @@
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
-//     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (256 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     threads_per_row (64 B, 1/access): 8: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (64 B, 1/access): 32: 256 threads per block / 8 per row
+//     storage (64 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     threads_per_row (128 B, 1/access) float16: 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 1/access) float16: 16: 256 threads per block / 16 per row
+//     storage (128 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     threads_per_row (256 B, 1/access) float16: 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 1/access) float16: 8: 256 threads per block / 32 per row
+//     storage (256 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
 //     storage (512 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
@@ -135,6 +171,12 @@
 //     storage (4096 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (8192 B, 1/access) float16: 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     storage (8192 B, 1/access) float16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     threads_per_row (128 B, 1/access) bfloat16: 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (128 B, 1/access) bfloat16: 16: 256 threads per block / 16 per row
+//     storage (128 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
+//     threads_per_row (256 B, 1/access) bfloat16: 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (256 B, 1/access) bfloat16: 8: 256 threads per block / 32 per row
+//     storage (256 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
 //     threads_per_row (512 B, 1/access) bfloat16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) bfloat16: 4: 256 threads per block / 64 per row
 //     storage (512 B, 1/access) bfloat16: registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread)
@@ -731,6 +773,8 @@ cudaError_t launch_float32(const RmsnormBackwardArgs& args, const Params& params
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
+    if (row_bytes <= 256) return launch_config<T, Conv, kVector, 8, 32, 2, RowStorage::kStaged, false>(args, params, stream);
+    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 16, 16, 2, RowStorage::kStaged, false>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kStaged, false>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kStaged, false>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kStaged, false>(args, params, stream);
@@ -739,6 +783,8 @@ cudaError_t launch_float32(const RmsnormBackwardArgs& args, const Params& params
     if (row_bytes <= 32768) return launch_config<T, Conv, kVector, 1024, 1, 2, RowStorage::kStaged, false>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
+  if (row_bytes <= 128) return launch_config<T, Conv, 1, 8, 32, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 256) return launch_config<T, Conv, 1, 16, 16, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kStaged, true>(args, params, stream);
@@ -756,6 +802,8 @@ cudaError_t launch_float16(const RmsnormBackwardArgs& args, const Params& params
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
+    if (row_bytes <= 128) return launch_config<T, Conv, kVector, 8, 32, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 256) return launch_config<T, Conv, kVector, 16, 16, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
@@ -764,6 +812,8 @@ cudaError_t launch_float16(const RmsnormBackwardArgs& args, const Params& params
     if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
+  if (row_bytes <= 64) return launch_config<T, Conv, 1, 8, 32, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Conv, 1, 16, 16, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -781,6 +831,8 @@ cudaError_t launch_bfloat16(const RmsnormBackwardArgs& args, const Params& param
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
+    if (row_bytes <= 128) return launch_config<T, Conv, kVector, 8, 32, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 256) return launch_config<T, Conv, kVector, 16, 16, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
@@ -789,6 +841,8 @@ cudaError_t launch_bfloat16(const RmsnormBackwardArgs& args, const Params& param
     if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
+  if (row_bytes <= 64) return launch_config<T, Conv, 1, 8, 32, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 128) return launch_config<T, Conv, 1, 16, 16, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
