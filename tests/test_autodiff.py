@@ -18,7 +18,7 @@ from kgen.codegen import CudaPrinter, evaluate
 from kgen.dsl import Convention, OpSpec, Tensor, sigmoid, to_io_dtype
 from kgen.families import family_of
 from kgen.families.elementwise import Elementwise
-from kgen.families.row_backward import linear_parts
+from kgen.families.row_backward import linear_parts, zero_sum
 from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 from kgen.project import resolve_target
 
@@ -128,8 +128,7 @@ LAYERNORM_ROUND = (
     "rstd",
     "rstd_slope",
     "grad_sum_rstd",
-    "grad_sum_mean_part0",
-    "grad_sum_mean_part1",
+    "grad_sum_mean_part0",  # Σ w·dy; the other part, Σ 2·(mean - x), is zero and dropped (zero_sum)
     "grad_sum_mean",
 )
 
@@ -153,7 +152,7 @@ def test_a_backward_reduces_its_sums_in_as_few_rounds_as_they_read_each_other(op
     assert [[name for k in level for name in sums[k].finalize] for level in back.structure.levels()] == rounds
     if op.endswith("layernorm"):  # the last part's finalize combines the parts: mean_slope·Σ coefficient·part
         last = sums[-1].finalize["grad_sum_mean"]
-        assert {str(v) for v in last.free_symbols} >= {"grad_sum_mean_part0", "grad_sum_mean_part1", "rstd"}
+        assert {str(v) for v in last.free_symbols} >= {"grad_sum_mean_part0", "rstd"}
 
 
 def test_linear_parts_split_only_what_a_chained_scalar_multiplies():
@@ -169,6 +168,20 @@ def test_linear_parts_split_only_what_a_chained_scalar_multiplies():
     assert linear_parts(dy * w * (x - mean), scalars, chained) is None  # reads no chained scalar: one sum
     assert linear_parts(sp.exp(g * x), scalars, chained) is None  # not linear in g: stays one sum after g's
     assert linear_parts(g * x + g * 3 * x, scalars, chained) == [(4 * g, x)]  # equal parts add coefficients
+
+
+def test_a_part_centred_on_a_mean_sums_to_zero_and_is_dropped():
+    x, dy, w, mean, rstd, g = sp.symbols("x dy w mean rstd g")
+    means, scalars = {"mean": x}, {"mean", "rstd", "g"}
+    assert zero_sum(2 * mean - 2 * x, means, scalars)  # Σ 2·(mean - x) = 2·(hidden·mean - Σ x) = 0
+    assert zero_sum(g * rstd * (x - mean), means, scalars)  # any row-scalar multiple
+    assert not zero_sum(dy * (x - mean), means, scalars)  # weighted by an element: not zero
+    assert not zero_sum((x - mean) ** 2, means, scalars)  # not linear
+    assert not zero_sum(2 * mean - 2 * x, {"mean": x**2}, scalars)  # mean of another summand
+    # layernorm's backward: the mean's gradient sum keeps only Σ w·dy, one sum fewer per row
+    back = family_of(load_spec("layernorm")).backward(load_spec("layernorm"))
+    summands = [s.summand for s in back.structure.sums["single_rounding"]]
+    assert all(not zero_sum(e, means, scalars) for e in summands) and len(summands) == 4
 
 
 def test_an_absent_weight_gets_no_gradient_in_the_math():

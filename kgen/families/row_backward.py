@@ -8,15 +8,17 @@ from __future__ import annotations
 import sympy as sp
 
 from ..autodiff import backward_reference, derivative, gradient_name
-from ..dsl import Convention, OpSpec, Tensor
+from ..dsl import Convention, OpSpec, Tensor, inv_hidden
 from .column_reduce import ColumnReduce, RowSum, row_sum
 
 
-def linear_parts(summand: sp.Expr, scalars: set[str], chained: set[str]) -> list[tuple] | None:
+def linear_parts(
+    summand: sp.Expr, scalars: set[str], chained: set[str], means: dict | None = None
+) -> list[tuple] | None:
     """``summand`` as Σ coefficient · part, each coefficient a product of row scalars (``scalars``: the
-    same for every element of a row), the parts (distinct, in first-seen order) reading none of ``chained``;
-    None where that form does not exist or reads no ``chained`` scalar (nothing to gain: one sum stays
-    one)."""
+    same for every element of a row), the parts (distinct, in first-seen order) reading none of ``chained``,
+    those that sum to zero over a row left out (zero_sum, given the ``means``); None where that form does
+    not exist or reads no ``chained`` scalar (nothing to gain: one sum stays one)."""
 
     def reads(e: sp.Expr) -> set[str]:
         return {str(v) for v in e.free_symbols}
@@ -31,7 +33,18 @@ def linear_parts(summand: sp.Expr, scalars: set[str], chained: set[str]) -> list
         if reads(part) & chained:
             return None
         parts[part] = parts.get(part, sp.S.Zero) + coefficient
-    return [(c, p) for p, c in parts.items()]
+    return [(c, p) for p, c in parts.items() if not zero_sum(p, means or {}, scalars)] or None
+
+
+def zero_sum(part: sp.Expr, means: dict[str, sp.Expr], scalars: set[str]) -> bool:
+    """Whether ``part`` sums to zero over a row in exact arithmetic: α·(s - g) with α a row scalar and
+    s = inv_hidden·Σ g one of ``means`` (a statistic's name -> its summand g): Σ (s - g) = hidden·s - Σ g = 0
+    (layernorm's mean gradient reads Σ 2·(mean - x): in floats, rounding noise)."""
+    slopes = {s: sp.diff(part, sp.Symbol(s)) for s in means}
+    return any(
+        {str(v) for v in a.free_symbols} <= scalars and sp.expand(part - a * (sp.Symbol(s) - means[s])) == 0
+        for s, a in slopes.items()
+    )
 
 
 def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSpec:
@@ -68,8 +81,12 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
         n for r in reductions[structure.conventions[0].name] for n in (r.stat, slope(r.stat).name)
     }
     grad_sums = {grad_sum(s).name for s in stats}
+    means = {  # per convention, each statistic that is a mean: its summand (zero_sum)
+        c.name: {r.stat: r.summand for r in reductions[c.name] if r.finalize == row_sum * inv_hidden}
+        for c in structure.conventions
+    }
     parts = {
-        c: [linear_parts(summands[k], scalars | grad_sums, grad_sums) for k in range(len(stats))]
+        c: [linear_parts(summands[k], scalars | grad_sums, grad_sums, means[c]) for k in range(len(stats))]
         for c, summands in per_convention.items()
     }
     split = {

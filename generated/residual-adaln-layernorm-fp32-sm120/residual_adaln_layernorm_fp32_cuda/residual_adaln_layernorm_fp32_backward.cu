@@ -202,7 +202,6 @@ struct Stats {
   float rstd_slope;
   float grad_sum_rstd;
   float grad_sum_mean_part0;
-  float grad_sum_mean_part1;
   float grad_sum_mean;
 };
 
@@ -244,28 +243,17 @@ struct Convention_single_rounding {
   __device__ __forceinline__ static void finalize_2(float row_sum, Stats& stats, const Params& params) {
     stats.grad_sum_rstd = row_sum*stats.rstd_slope;
   }
-  // sum 3: 2*mean - 2*to_io_dtype(gate*h + x)
+  // sum 3: grad_out*(scale + 1)
   template <typename T>
   __device__ __forceinline__ static float summand_3(float x, float h, float scale, float shift, float grad_out, float grad_residual_out, float gate, const Stats& stats, const Params& params) {
-    float partial;
-    partial = 2*stats.mean - 2*round_to_io<T>(gate*h + x);
-    return partial;
-  }
-  // then grad_sum_mean_part0 = row_sum
-  __device__ __forceinline__ static void finalize_3(float row_sum, Stats& stats, const Params& params) {
-    stats.grad_sum_mean_part0 = row_sum;
-  }
-  // sum 4: grad_out*(scale + 1)
-  template <typename T>
-  __device__ __forceinline__ static float summand_4(float x, float h, float scale, float shift, float grad_out, float grad_residual_out, float gate, const Stats& stats, const Params& params) {
     float partial;
     partial = grad_out*(scale + 1);
     return partial;
   }
-  // then grad_sum_mean_part1 = row_sum, grad_sum_mean = mean_slope*(grad_sum_mean_part0*grad_sum_rstd - grad_sum_mean_part1*rstd)
-  __device__ __forceinline__ static void finalize_4(float row_sum, Stats& stats, const Params& params) {
-    stats.grad_sum_mean_part1 = row_sum;
-    stats.grad_sum_mean = stats.mean_slope*(stats.grad_sum_mean_part0*stats.grad_sum_rstd - stats.grad_sum_mean_part1*stats.rstd);
+  // then grad_sum_mean_part0 = row_sum, grad_sum_mean = -grad_sum_mean_part0*mean_slope*rstd
+  __device__ __forceinline__ static void finalize_3(float row_sum, Stats& stats, const Params& params) {
+    stats.grad_sum_mean_part0 = row_sum;
+    stats.grad_sum_mean = -stats.grad_sum_mean_part0*stats.mean_slope*stats.rstd;
   }
   template <typename T>
   __device__ __forceinline__ static void apply(float x, float h, float scale, float shift, float grad_out, float grad_residual_out, float gate, const Stats& stats, const Params& params,
@@ -349,7 +337,7 @@ enum class RowStorage { kRegisters, kStaged, kSplit };
 // A block's static shared memory, in floats: the row reductions' scratch (a value per warp for each sum), then
 // the row slots' column sums that add_slots adds into slot 0's (none where a block has one slot).
 template <int BLOCK>
-constexpr int kScratchFloats = 5 * ceil_div(BLOCK, kWarpSize);
+constexpr int kScratchFloats = 4 * ceil_div(BLOCK, kWarpSize);
 template <int THREADS_PER_ROW, int ROWS_PER_BLOCK, int CACHED, int ELEMS, RowStorage STORAGE>
 constexpr int kSlotSumFloats = ROWS_PER_BLOCK > 1 && STORAGE != RowStorage::kSplit ? (ROWS_PER_BLOCK - 1) * THREADS_PER_ROW * CACHED * ELEMS : 1;
 
@@ -418,7 +406,7 @@ residual_adaln_layernorm_fp32_backward_kernel(const T* __restrict__ x, int64_t x
   using Values = RowValues<T, ELEMS>;
   constexpr int kBlock = THREADS_PER_ROW * ROWS_PER_BLOCK;
   constexpr int kCached = STORAGE != RowStorage::kSplit ? MAX_ACCESSES : 1;
-  __shared__ float scratch[5][kScratchFloats<kBlock> / 5];
+  __shared__ float scratch[4][kScratchFloats<kBlock> / 4];
   // the row slots' column sums, added into slot 0's for the block's one partial row (add_slots)
   __shared__ float slot_sums[kSlotSumFloats<THREADS_PER_ROW, ROWS_PER_BLOCK, kCached, ELEMS, STORAGE>];
 
@@ -584,8 +572,8 @@ residual_adaln_layernorm_fp32_backward_kernel(const T* __restrict__ x, int64_t x
       row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[0]);
       Conv::finalize_0(partial[0], stats, params);
     }
-    {  // sums 1, 2, 3, 4: one pass over the row, one reduction of the 4 (no summand reads another's scalars)
-      float partial[4] = {};
+    {  // sums 1, 2, 3: one pass over the row, one reduction of the 3 (no summand reads another's scalars)
+      float partial[3] = {};
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
         const Values v = fetch(k, i);
 #pragma unroll
@@ -600,14 +588,12 @@ residual_adaln_layernorm_fp32_backward_kernel(const T* __restrict__ x, int64_t x
           partial[0] += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(h_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (gate != nullptr ? to_float(gate_v.v[j]) : 1.0f), stats, params);
           partial[1] += Conv::template summand_2<T>(to_float(x_v.v[j]), to_float(h_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (gate != nullptr ? to_float(gate_v.v[j]) : 1.0f), stats, params);
           partial[2] += Conv::template summand_3<T>(to_float(x_v.v[j]), to_float(h_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (gate != nullptr ? to_float(gate_v.v[j]) : 1.0f), stats, params);
-          partial[3] += Conv::template summand_4<T>(to_float(x_v.v[j]), to_float(h_v.v[j]), to_float(scale_v.v[j]), to_float(shift_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (gate != nullptr ? to_float(gate_v.v[j]) : 1.0f), stats, params);
         }
       });
       row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[1]);
       Conv::finalize_1(partial[0], stats, params);
       Conv::finalize_2(partial[1], stats, params);
       Conv::finalize_3(partial[2], stats, params);
-      Conv::finalize_4(partial[3], stats, params);
     }
 
     if constexpr (STORAGE == RowStorage::kSplit) {  // the outputs are the second kernel's
