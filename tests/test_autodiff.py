@@ -4,6 +4,8 @@ project with a backward holds. The kernels themselves run in test_backward_gpu."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sympy as sp
 import torch
@@ -23,6 +25,8 @@ from kgen.families.row_reduce import Reduction, RowReduce, row_sum
 from kgen.project import resolve_target
 
 DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is not None]
+
+GENERATED = Path(__file__).resolve().parents[1] / "generated"
 
 
 # a norm before the rotation (q/k RMSNorm + RoPE in one pass): its gradient is no rotation; training runs the
@@ -182,6 +186,16 @@ def test_a_part_centred_on_a_mean_sums_to_zero_and_is_dropped():
     back = family_of(load_spec("layernorm")).backward(load_spec("layernorm"))
     summands = [s.summand for s in back.structure.sums["single_rounding"]]
     assert all(not zero_sum(e, means, scalars) for e in summands) and len(summands) == 4
+
+
+def test_an_input_no_expression_reads_is_never_loaded():
+    """AdaLN's shift: its gradient per token is the incoming one, so the backward reads none of its values
+    (it takes the tensor for its shape): no copy of its rows in the kernel."""
+    back = family_of(load_spec("adaln_rmsnorm")).backward(load_spec("adaln_rmsnorm"))
+    assert "shift" in {t.name for t in back.row_inputs} and "shift" not in back.structure.read()
+    assert {"x", "scale", "grad_out"} <= back.structure.read()
+    source = (GENERATED / "adaln-rmsnorm-sm90/adaln_rmsnorm_cuda/adaln_rmsnorm_backward.cu").read_text()
+    assert "scale_row_at(row)" in source and "shift_row_at" not in source
 
 
 def test_an_absent_weight_gets_no_gradient_in_the_math():

@@ -128,6 +128,12 @@ class ColumnReduce(Structure):
         others where they need them."""
         return {str(v) for sums in self.sums.values() for s in sums for v in s.summand.free_symbols}
 
+    def read(self) -> set[str]:
+        """The names any convention's summands, finalizes or outputs read."""
+        exprs = [e for sums in self.sums.values() for s in sums for e in (s.summand, *s.finalize.values())]
+        exprs += [e for c in self.conventions for e in c.outputs.values()]
+        return {str(v) for e in exprs for v in e.free_symbols}
+
     def names(self) -> list[str]:
         return self.scalars()
 
@@ -259,6 +265,7 @@ class ColumnReduceContext(FamilyContext):
     out_elems: str
     when_given: dict[str, str]
     streamed: list[str]  # row inputs only the outputs read: loaded there, not held with the row
+    unread: list[str]  # row inputs no expression reads (an AdaLN shift): passed for their shape, never loaded
     held: list[Tensor]  # the others: held on chip (registers, staged or re-read) with the row
     shaped_like: dict[str, str]  # an output shaped like a broadcast input -> that input
     summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per block
@@ -394,6 +401,8 @@ class ColumnReduceFamily(RowsFamily):
             )
             + "".join(
                 f"; {t.name}, which only the outputs read, is loaded there, not held"
+                if t.name in spec.structure.read()
+                else f"; {t.name}, which nothing reads, is not loaded (its shape alone is used)"
                 for t in spec.row_inputs
                 if t not in held
             )
@@ -402,7 +411,8 @@ class ColumnReduceFamily(RowsFamily):
         # inputs' accesses for every resident thread, within 3/4 of the SM's shared memory (the rest stays L1
         # for the column inputs re-read per row); cp.async copies 4, 8 or 16 bytes
         slot_bytes = max((access_bytes_of(t, elem, elems) for t in spec.row_inputs), default=access_bytes)
-        staged_bytes = 2 * accesses * len(spec.row_inputs) * slot_bytes * resident
+        read = [t for t in spec.row_inputs if t.name in spec.structure.read()]
+        staged_bytes = 2 * accesses * len(read) * slot_bytes * resident
         staged = (
             profile.async_copy
             and held
@@ -611,7 +621,8 @@ class ColumnReduceFamily(RowsFamily):
             out_args=", ".join(f"float& {t.name}{RESULT}" for t in spec.outputs),
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
             when_given=structure.when_given,
-            streamed=[t.name for t in spec.row_inputs if t.name not in structure.summed()],
+            streamed=[t.name for t in spec.row_inputs if t.name in structure.read() - structure.summed()],
+            unread=[t.name for t in spec.row_inputs if t.name not in structure.read()],
             held=self._held(spec),
             shaped_like=structure.shaped_like,
             summed_outputs=self.summed_outputs(spec),

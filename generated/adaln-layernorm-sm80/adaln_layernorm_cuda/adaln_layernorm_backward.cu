@@ -11,11 +11,11 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
-//     rows <= 1024 B: 4 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in registers
-//     rows <= 2048 B: 4 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in registers
-//     rows <= 4096 B: 4 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in registers
-//     rows <= 8192 B: 4 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in registers
-//     rows <= 16384 B: 4 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in registers
+//     rows <= 1024 B: 4 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in staged
+//     rows <= 2048 B: 4 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in staged
+//     rows <= 4096 B: 4 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in staged
+//     rows <= 8192 B: 4 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in staged
+//     rows <= 16384 B: 4 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in staged
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in staged
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in staged
@@ -24,11 +24,11 @@
 //     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   float16:
-//     rows <= 1024 B: 8 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in registers
-//     rows <= 2048 B: 8 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in registers
-//     rows <= 4096 B: 8 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in registers
-//     rows <= 8192 B: 8 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in registers
-//     rows <= 16384 B: 8 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in registers
+//     rows <= 1024 B: 8 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in staged
+//     rows <= 2048 B: 8 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in staged
+//     rows <= 4096 B: 8 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in staged
+//     rows <= 8192 B: 8 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in staged
+//     rows <= 16384 B: 8 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -37,11 +37,11 @@
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   bfloat16:
-//     rows <= 1024 B: 8 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in registers
-//     rows <= 2048 B: 8 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in registers
-//     rows <= 4096 B: 8 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in registers
-//     rows <= 8192 B: 8 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in registers
-//     rows <= 16384 B: 8 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in registers
+//     rows <= 1024 B: 8 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in staged
+//     rows <= 2048 B: 8 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in staged
+//     rows <= 4096 B: 8 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in staged
+//     rows <= 8192 B: 8 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in staged
+//     rows <= 16384 B: 8 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 256 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -52,83 +52,83 @@
 //   why:
 //     threads_per_row (1024 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (1024 B, 4/access): registers: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 4/access): staged: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 4/access): 4: 256 threads per block / 64 per row
-//     storage (2048 B, 4/access): registers: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 4/access): staged: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (4096 B, 4/access): registers: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 4/access): staged: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 4/access): 1: a row needs the whole block
-//     storage (8192 B, 4/access): registers: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 4/access): staged: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (16384 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
-//     storage (16384 B, 4/access): registers: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (16384 B, 4/access): staged: 2 × (3 row inputs × 16 B + 2 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     storage (512 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 48 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (1024 B, 1/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     storage (1024 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 48 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 1/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     storage (2048 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 48 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
-//     storage (4096 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     storage (4096 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 48 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
-//     storage (8192 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 64 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     storage (8192 B, 1/access): staged: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 48 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (1024 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 8/access): 8: 256 threads per block / 32 per row
-//     storage (1024 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 8/access): staged: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (2048 B, 8/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (2048 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 8/access): staged: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (4096 B, 8/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (4096 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 8/access): staged: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
-//     storage (8192 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 8/access): staged: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (16384 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 8/access): 1: a row needs the whole block
-//     storage (16384 B, 8/access): registers: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (16384 B, 8/access): staged: 2 × (3 row inputs × 16 B + 2 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (256 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (256 B, 1/access): registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
-//     storage (512 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (512 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (1024 B, 1/access) float16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access) float16: 2: 256 threads per block / 128 per row
-//     storage (1024 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (2048 B, 1/access) float16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) float16: 1: a row needs the whole block
-//     storage (2048 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (4096 B, 1/access) float16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     storage (4096 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 1/access) float16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (512 B, 1/access) bfloat16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) bfloat16: 4: 256 threads per block / 64 per row
-//     storage (512 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (512 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (1024 B, 1/access) bfloat16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access) bfloat16: 2: 256 threads per block / 128 per row
-//     storage (1024 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (2048 B, 1/access) bfloat16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) bfloat16: 1: a row needs the whole block
-//     storage (2048 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 //     threads_per_row (4096 B, 1/access) bfloat16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     storage (4096 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 1/access) bfloat16: registers: 4 × (3 row inputs × 4 B + 2 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used)
 #include "adaln_layernorm_backward.h"
 
 #include <cuda_bf16.h>
@@ -202,7 +202,7 @@ constexpr size_t kDefaultSharedBytes = 48 * 1024;  // shared memory (static + dy
 constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
 constexpr int kSplitRows = 3;       // ... and the rows each thread loads before it computes them
 constexpr int64_t kMaxGridY = 65535;  // gridDim.y limit: the column sums loop over more batches
-constexpr int kStagedInputs = 4;  // kStaged: every row input (the held ones, then those only the outputs read)
+constexpr int kStagedInputs = 3;  // kStaged: every row input (the held ones, then those only the outputs read)
 // kStaged: the bytes of one staged access, the widest of the row inputs' (T)
 template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
@@ -510,9 +510,6 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
   auto scale_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
   };
-  auto shift_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
-  };
   auto grad_out_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
   };
@@ -530,7 +527,6 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
         copy_async(stage(buffer, 0, k), x_row_at(row) + i);
         if (scale_row_stride != 0) copy_async(stage(buffer, 1, k), scale_row_at(row) + i);
         copy_async(stage(buffer, 2, k), grad_out_row_at(row) + i);
-        if (shift_row_stride != 0) copy_async(stage(buffer, 3, k), shift_row_at(row) + i);
       });
     }
     __pipeline_commit();
@@ -545,7 +541,6 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
     Access x_regs[kCached] = {};
     const Access* scale_row = scale_row_at(row);
     Access scale_regs[kCached] = {};
-    const Access* shift_row = shift_row_at(row);
     const Access* grad_out_row = grad_out_row_at(row);
     Access grad_out_regs[kCached] = {};
     Access* grad_x_row = reinterpret_cast<Access*>(grad_x + row * grad_x_row_stride);
@@ -562,12 +557,6 @@ adaln_layernorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, c
         v.x_v = x_row[i];
         v.scale_v = scale_row[i];
         v.grad_out_v = grad_out_row[i];
-      }
-      // only the outputs read it: not held (the sums leave it unused)
-      if constexpr (STORAGE == RowStorage::kStaged) {
-        v.shift_v = shift_row_stride != 0 ? *reinterpret_cast<const Access*>(stage(buffer, 3, k)) : shift_row[i];
-      } else {
-        v.shift_v = shift_row[i];
       }
       if constexpr (COLUMNS_IN_REGISTERS) {
       } else {  // the same columns every row: L1 hits
@@ -700,9 +689,6 @@ adaln_layernorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row_s
   auto scale_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
   };
-  auto shift_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
-  };
   auto grad_out_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
   };
@@ -718,7 +704,6 @@ adaln_layernorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row_s
       loaded[r] = columns;
       loaded[r].x_v = x_row_at(first + r)[i];
       loaded[r].scale_v = scale_row_at(first + r)[i];
-      loaded[r].shift_v = shift_row_at(first + r)[i];
       loaded[r].grad_out_v = grad_out_row_at(first + r)[i];
       row_scalars[r] = row_stats[first + r];
     }
@@ -859,11 +844,11 @@ cudaError_t launch_float32(const AdalnLayernormBackwardArgs& args, const Params&
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, kAccessBytes) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, kAccessBytes) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kStaged, true>(args, params, stream);
@@ -882,11 +867,11 @@ cudaError_t launch_float16(const AdalnLayernormBackwardArgs& args, const Params&
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, kAccessBytes) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, kAccessBytes) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -905,11 +890,11 @@ cudaError_t launch_bfloat16(const AdalnLayernormBackwardArgs& args, const Params
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.scale_row_stride % kVector == 0 && args.scale_outer_stride % kVector == 0 && aligned(args.scale, kAccessBytes) && args.shift_row_stride % kVector == 0 && args.shift_outer_stride % kVector == 0 && aligned(args.shift, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && args.grad_scale_row_stride % kVector == 0 && aligned(args.grad_scale, kAccessBytes) && args.grad_shift_row_stride % kVector == 0 && aligned(args.grad_shift, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 256) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);

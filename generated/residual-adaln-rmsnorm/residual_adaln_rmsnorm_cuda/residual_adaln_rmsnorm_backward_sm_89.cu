@@ -52,61 +52,61 @@
 //   why:
 //     threads_per_row (512 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 4/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 4/access): 1: a row needs the whole block
-//     storage (4096 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (8192 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 4/access): 1: a row needs the whole block
-//     storage (8192 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 4/access): registers: 1 × (5 row inputs × 16 B + 4 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 1/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 1/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
-//     storage (4096 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
-//     storage (8192 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 8/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 8/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 1: a row needs the whole block
-//     storage (4096 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (8192 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
-//     storage (8192 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 8/access): registers: 1 × (5 row inputs × 16 B + 4 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (256 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which only the outputs read, is loaded there, not held; grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (256 B, 1/access): registers: 4 × (5 row inputs × 4 B + 4 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
 //     threads_per_row (1024 B, 1/access) float16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
@@ -194,7 +194,7 @@ constexpr size_t kDefaultSharedBytes = 48 * 1024;  // shared memory (static + dy
 constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
 constexpr int kSplitRows = 2;       // ... and the rows each thread loads before it computes them
 constexpr int64_t kMaxGridY = 65535;  // gridDim.y limit: the column sums loop over more batches
-constexpr int kStagedInputs = 7;  // kStaged: every row input (the held ones, then those only the outputs read)
+constexpr int kStagedInputs = 6;  // kStaged: every row input (the held ones, then those only the outputs read)
 // kStaged: the bytes of one staged access, the widest of the row inputs' (T)
 template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
@@ -481,9 +481,6 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
   auto scale_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
   };
-  auto shift_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
-  };
   auto grad_out_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
   };
@@ -509,8 +506,7 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
         if (scale_row_stride != 0) copy_async(stage(buffer, 2, k), scale_row_at(row) + i);
         copy_async(stage(buffer, 3, k), grad_out_row_at(row) + i);
         if (gate != nullptr && gate_row_stride != 0) copy_async(stage(buffer, 4, k), gate_row_at(row) + i);
-        if (shift_row_stride != 0) copy_async(stage(buffer, 5, k), shift_row_at(row) + i);
-        copy_async(stage(buffer, 6, k), grad_residual_out_row_at(row) + i);
+        copy_async(stage(buffer, 5, k), grad_residual_out_row_at(row) + i);
       });
     }
     __pipeline_commit();
@@ -527,7 +523,6 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
     Access h_regs[kCached] = {};
     const Access* scale_row = scale_row_at(row);
     Access scale_regs[kCached] = {};
-    const Access* shift_row = shift_row_at(row);
     const Access* grad_out_row = grad_out_row_at(row);
     Access grad_out_regs[kCached] = {};
     const Access* grad_residual_out_row = grad_residual_out_row_at(row);
@@ -556,13 +551,7 @@ residual_adaln_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_st
       }
       // only the outputs read it: not held (the sums leave it unused)
       if constexpr (STORAGE == RowStorage::kStaged) {
-        v.shift_v = shift_row_stride != 0 ? *reinterpret_cast<const Access*>(stage(buffer, 5, k)) : shift_row[i];
-      } else {
-        v.shift_v = shift_row[i];
-      }
-      // only the outputs read it: not held (the sums leave it unused)
-      if constexpr (STORAGE == RowStorage::kStaged) {
-        v.grad_residual_out_v = *reinterpret_cast<const Access*>(stage(buffer, 6, k));
+        v.grad_residual_out_v = *reinterpret_cast<const Access*>(stage(buffer, 5, k));
       } else {
         v.grad_residual_out_v = grad_residual_out_row[i];
       }
@@ -721,9 +710,6 @@ residual_adaln_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t 
   auto scale_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(scale + row / inner * scale_outer_stride + row % inner * scale_row_stride);
   };
-  auto shift_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(shift + row / inner * shift_outer_stride + row % inner * shift_row_stride);
-  };
   auto grad_out_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
   };
@@ -749,7 +735,6 @@ residual_adaln_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t 
       loaded[r].x_v = x_row_at(first + r)[i];
       loaded[r].h_v = h_row_at(first + r)[i];
       loaded[r].scale_v = scale_row_at(first + r)[i];
-      loaded[r].shift_v = shift_row_at(first + r)[i];
       loaded[r].grad_out_v = grad_out_row_at(first + r)[i];
       loaded[r].grad_residual_out_v = grad_residual_out_row_at(first + r)[i];
       if (gate != nullptr) loaded[r].gate_v = gate_row_at(first + r)[i];
