@@ -206,8 +206,8 @@ class ColumnReduceFacts(BaseModel):
     @model_validator(mode="after")
     def _ladder(self) -> ColumnReduceFacts:
         steps = self.threads_per_row
-        if any(t & (t - 1) or t < 1 for t in steps) or steps != sorted(set(steps)):
-            raise ValueError("threads_per_row: increasing powers of two")
+        if any(t < 1 or (t & (t - 1) if t <= 32 else t % 32) for t in steps) or steps != sorted(set(steps)):
+            raise ValueError("threads_per_row: increasing, powers of two up to a warp, whole warps beyond")
         if steps[-1] > self.resident_threads_per_sm:
             raise ValueError("threads_per_row: the widest step must fit the resident threads of an SM")
         return self
@@ -222,9 +222,9 @@ class ColumnReducePlan(KernelPlan):
     split_rows: int = 1  # ... and the rows a thread loads before it computes them (loads in flight)
 
     def blocks(self, bucket: Bucket, rows: int, batches: int = 1) -> int:
-        """The partition: at most the blocks resident at once (never more with more rows), split evenly
-        among the batches (at least one each) when an output is summed per batch."""
-        most = max(1, self.sm_count * self.resident_threads_per_sm // bucket.block_threads // batches)
+        """The partition: at most the whole blocks resident at once (never more with more rows), split
+        evenly among the batches (at least one each) when an output is summed per batch."""
+        most = max(1, self.sm_count * max(1, self.resident_threads_per_sm // bucket.block_threads) // batches)
         return batches * min(-(-(rows // batches) // bucket.rows_per_block), most)
 
     def split_grid(self, rows: int, hidden: int, elems: int, batches: int = 1) -> tuple[int, int]:

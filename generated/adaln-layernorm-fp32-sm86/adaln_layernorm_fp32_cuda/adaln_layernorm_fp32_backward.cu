@@ -197,7 +197,8 @@ namespace {
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 512;  // profile planner.column_reduce.resident_threads_per_sm
-constexpr int64_t kResidentThreads = int64_t(80) * kResidentPerSm;  // the partition: × profile sm_count
+constexpr int64_t kSmCount = 80;  // profile sm_count
+constexpr int64_t kResidentThreads = kSmCount * kResidentPerSm;  // the partition
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // shared memory (static + dynamic) a block gets without opting in
 constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
 constexpr int kSplitRows = 2;       // ... and the rows each thread loads before it computes them
@@ -725,7 +726,7 @@ cudaError_t launch_config(const AdalnLayernormFp32BackwardArgs& args, const Para
   const int64_t batches = args.batches;  // 1 unless an output is summed per batch
   // Per batch: its rows' share of the resident blocks, at least one.
   const int64_t batch_blocks = std::min(ceil_div<int64_t>(args.rows / batches, ROWS_PER_BLOCK),
-                                        std::max<int64_t>(1, kResidentThreads / kBlock / batches));
+                                        std::max<int64_t>(1, kSmCount * std::max<int64_t>(1, kResidentPerSm / kBlock) / batches));  // whole blocks per SM
   const int64_t blocks = batches * batch_blocks;
   if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
   // kSplit: the outputs kernel's grid, column chunks × row groups (each batch's share of the resident blocks)

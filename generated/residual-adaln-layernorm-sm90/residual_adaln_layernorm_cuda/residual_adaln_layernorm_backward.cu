@@ -17,6 +17,7 @@
 //     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
 //     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
 //     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 6144 B: 4 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in staged
@@ -25,6 +26,7 @@
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in staged
 //     rows <= 2048 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in staged
 //     rows <= 4096 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in staged
+//     rows <= 6144 B: 1 elem/access, 384 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows <= 8192 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in staged
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   float16:
@@ -34,6 +36,7 @@
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 6144 B: 8 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 64 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in registers
@@ -42,6 +45,7 @@
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
+//     rows <= 3072 B: 1 elem/access, 384 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   bfloat16:
@@ -51,6 +55,7 @@
 //     rows <= 1024 B: 8 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in staged
 //     rows <= 2048 B: 8 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in staged
 //     rows <= 4096 B: 8 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in staged
+//     rows <= 6144 B: 8 elem/access, 384 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows <= 8192 B: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in staged
 //     rows any size: 8 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 64 B: 1 elem/access, 8 threads/row, 32 rows/block, 4 accesses/thread, row in registers
@@ -59,6 +64,7 @@
 //     rows <= 512 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 128 threads/row, 2 rows/block, 4 accesses/thread, row in registers
 //     rows <= 2048 B: 1 elem/access, 256 threads/row, 1 rows/block, 4 accesses/thread, row in registers
+//     rows <= 3072 B: 1 elem/access, 384 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows <= 4096 B: 1 elem/access, 512 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   why:
@@ -80,6 +86,9 @@
 //     threads_per_row (4096 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 4/access): 1: a row needs the whole block
 //     storage (4096 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (6144 B, 4/access): 384: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (6144 B, 4/access): 1: a row needs the whole block
+//     storage (6144 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 4/access): 1: a row needs the whole block
 //     storage (8192 B, 4/access): staged: 1 × (5 row inputs × 16 B + 3 × 4 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -104,6 +113,9 @@
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
 //     storage (4096 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (6144 B, 1/access): 384: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (6144 B, 1/access): 1: a row needs the whole block
+//     storage (6144 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
 //     storage (8192 B, 1/access): staged: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -128,6 +140,9 @@
 //     threads_per_row (4096 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 1: a row needs the whole block
 //     storage (4096 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
+//     threads_per_row (6144 B, 8/access): 384: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (6144 B, 8/access): 1: a row needs the whole block
+//     storage (6144 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
 //     threads_per_row (8192 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
 //     storage (8192 B, 8/access): staged: 1 × (5 row inputs × 16 B + 3 × 8 fp32 sums) per thread and the column inputs (0 × 16 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held; the slot's next row is copied (cp.async) into shared memory while this one is reduced, 96 KB per SM in two buffers (within 3/4 of profile shared_memory_per_sm): two rows in flight per slot
@@ -152,6 +167,9 @@
 //     threads_per_row (2048 B, 1/access) float16: 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access) float16: 1: a row needs the whole block
 //     storage (2048 B, 1/access) float16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (3072 B, 1/access): 384: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (3072 B, 1/access): 1: a row needs the whole block
+//     storage (3072 B, 1/access): registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access) float16: 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     storage (4096 B, 1/access) float16: registers: 4 × (5 row inputs × 4 B + 3 × 1 fp32 sums) per thread and the column inputs (0 × 4 B), loaded once per block, within the 224 B budget (profile planner.column_reduce.register_bytes_per_thread, 96 B, grown with 512 threads resident per SM); shift, which nothing reads, is not loaded (its shape alone is used); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (128 B, 1/access) bfloat16: 16: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
@@ -239,7 +257,8 @@ namespace {
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int kResidentPerSm = 512;  // profile planner.column_reduce.resident_threads_per_sm
-constexpr int64_t kResidentThreads = int64_t(132) * kResidentPerSm;  // the partition: × profile sm_count
+constexpr int64_t kSmCount = 132;  // profile sm_count
+constexpr int64_t kResidentThreads = kSmCount * kResidentPerSm;  // the partition
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // shared memory (static + dynamic) a block gets without opting in
 constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
 constexpr int kSplitRows = 2;       // ... and the rows each thread loads before it computes them
@@ -928,7 +947,7 @@ cudaError_t launch_config(const ResidualAdalnLayernormBackwardArgs& args, const 
   const int64_t batches = args.batches;  // 1 unless an output is summed per batch
   // Per batch: its rows' share of the resident blocks, at least one.
   const int64_t batch_blocks = std::min(ceil_div<int64_t>(args.rows / batches, ROWS_PER_BLOCK),
-                                        std::max<int64_t>(1, kResidentThreads / kBlock / batches));
+                                        std::max<int64_t>(1, kSmCount * std::max<int64_t>(1, kResidentPerSm / kBlock) / batches));  // whole blocks per SM
   const int64_t blocks = batches * batch_blocks;
   if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
   // kSplit: the outputs kernel's grid, column chunks × row groups (each batch's share of the resident blocks)
@@ -1000,6 +1019,7 @@ cudaError_t launch_float32(const ResidualAdalnLayernormBackwardArgs& args, const
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 6144) return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
@@ -1009,6 +1029,7 @@ cudaError_t launch_float32(const ResidualAdalnLayernormBackwardArgs& args, const
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kStaged, true>(args, params, stream);
+  if (row_bytes <= 6144) return launch_config<T, Conv, 1, 384, 1, 4, RowStorage::kStaged, true>(args, params, stream);
   if (row_bytes <= 8192) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kStaged, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
 }
@@ -1027,6 +1048,7 @@ cudaError_t launch_float16(const ResidualAdalnLayernormBackwardArgs& args, const
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 6144) return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
@@ -1036,6 +1058,7 @@ cudaError_t launch_float16(const ResidualAdalnLayernormBackwardArgs& args, const
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 3072) return launch_config<T, Conv, 1, 384, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
 }
@@ -1054,6 +1077,7 @@ cudaError_t launch_bfloat16(const ResidualAdalnLayernormBackwardArgs& args, cons
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kStaged, true>(args, params, stream);
+    if (row_bytes <= 6144) return launch_config<T, Conv, kVector, 384, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kStaged, true>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
@@ -1063,6 +1087,7 @@ cudaError_t launch_bfloat16(const ResidualAdalnLayernormBackwardArgs& args, cons
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 1024) return launch_config<T, Conv, 1, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Conv, 1, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
+  if (row_bytes <= 3072) return launch_config<T, Conv, 1, 384, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   if (row_bytes <= 4096) return launch_config<T, Conv, 1, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
   return launch_config<T, Conv, 1, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
 }
