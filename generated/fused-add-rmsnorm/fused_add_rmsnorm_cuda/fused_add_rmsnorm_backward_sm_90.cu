@@ -307,7 +307,8 @@ template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
 constexpr int kSummedOutputs = 1;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
-constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
+constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order ...
+constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -776,8 +777,10 @@ column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hid
   const int64_t position = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;  // in the partial rows
   const int64_t col = position % (hidden / ELEMS) * ELEMS + position / (hidden / ELEMS);  // in out
   float sum = 0.0f;
-  if (position < hidden)
+  if (position < hidden) {
+#pragma unroll kSumUnroll
     for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += partials[s * hidden + position];
+  }
   slices[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && position < hidden) {

@@ -181,7 +181,8 @@ template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<float, ELEMS>);
 constexpr int kSummedOutputs = 3;  // the column outputs, then those shaped like a broadcast input
 constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
-constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order
+constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order ...
+constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -771,8 +772,10 @@ column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hid
   for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // the same loop for the whole block
     const float* const group_partials = partials + group * slots * hidden;
     float sum = 0.0f;
-    if (position < hidden)
+    if (position < hidden) {
+#pragma unroll kSumUnroll
       for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += group_partials[s * hidden + position];
+    }
     slices[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y == 0 && position < hidden) {
