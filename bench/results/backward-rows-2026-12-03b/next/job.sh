@@ -27,4 +27,10 @@ for v in before after; do
 done
 python3 /tmp/v/after/bench/results/backward-rows-2026-12-03b/copybw.py > "$R/copy.jsonl" 2>&1
 python3 /tmp/v/after/bench/results/backward-kernels-2026-12-03/table.py "$R/breakdown-before.jsonl" "$R/breakdown-after.jsonl" > "$R/table.md"
+# optional: E2E="qwen3-train ltx-train" reruns the training steps on "after" (5-7 minutes each; liger-kernel's
+# wheel among $WHEELS for the Liger variant)
+for target in ${E2E:-}; do
+  (cd /tmp/v/after && PYTHONPATH=/tmp/v/after:/tmp/site python3 -m kgen bench --e2e "$target" --out "$R" \
+    --build-dir /tmp/build-after > "$R/e2e-$target.log" 2>&1)
+done
 touch "$R/JOB_DONE"
