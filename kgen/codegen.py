@@ -31,8 +31,7 @@ class CudaPrinter(C99CodePrinter):
             return "(" + "*".join([factor] * int(exp)) + ")"
         if exp.is_Rational and exp.q == 2 and 3 <= abs(exp.p) <= 7:  # b**(3/2): b*sqrtf(b), not powf
             # (~110 PTX instructions with its special cases: a norm backward's rstd slope, per row and thread)
-            root = f"sqrt{'f' if self._suffix else ''}({self._print(base)})"
-            power = "(" + "*".join([factor] * (abs(exp.p) // 2) + [root]) + ")"
+            power = "(" + "*".join([factor] * (abs(exp.p) // 2) + [self._print(sp.sqrt(base))]) + ")"
             return power if exp.p > 0 else f"(1.0{self._suffix}/{power})"
         return super()._print_Pow(expr)
 
