@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the three patches here, on one H200: builds the ten column-reduction ops from two source
+# The GPU check of the four backward changes of a42e2d5, on one H200: builds the ten column-reduction ops from two source
 # archives (before = main, after = main with the patches applied and `kgen build --all` run), runs every
 # op's backward GPU tests on "after", then breakdown.py on both (all suite shapes of the ten ops) and
 # torch.compile at the shapes where it led. Archives: `git archive -o /tmp/v-before.tgz main` and the same of
