@@ -74,12 +74,13 @@ def gradient_outputs(forward: OpSpec, backward: OpSpec) -> dict[str, str]:
     return {name: out for name, out in found.items() if out in outs}
 
 
-def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None):
+def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None, passes=None):
     """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
     inputs in ``order`` (names: the forward's inputs and one incoming gradient per output, grad_<output>;
     by default the forward's inputs, then the gradients), then the params, and ``convention``. A forward
     input the backward does not take (a linear op's gradients do not depend on it) is zeros shaped like the
-    input ``stand_in`` maps it to. Returns the gradient of every input (named in ``returns``) in order."""
+    input ``stand_in`` maps it to. Returns the gradient of every input (named in ``returns``) in order, one
+    ``passes`` maps to the incoming gradient it equals empty where it has that gradient's shape."""
     names = [t.name for t in forward.inputs]
     grads = [gradient_name(t.name) for t in forward.outputs]
     order, reference = order or names + grads, forward.reference
@@ -105,6 +106,11 @@ def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None)
             return torch.zeros_like(t) if (g := next(found)) is None else g
 
         by_name = dict(zip(names, map(grad_of, inputs)))
+        by_name |= {
+            n: by_name[n].new_empty(0)
+            for n, g in (passes or {}).items()
+            if by_name[n].shape == given[g].shape
+        }
         return tuple(by_name[n] for n in returns or names)
 
     return backward_reference

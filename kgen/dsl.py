@@ -330,6 +330,8 @@ class OpSpec(_Model):
     # a derived backward's gradients it writes once for several inputs: {grad_residual: grad_x} (fused add +
     # RMSNorm: x's and residual's are the same tensor, handed to both)
     shared: dict[Identifier, Identifier] = {}
+    # a derived backward's output equal to an incoming gradient, {grad_shift: grad_out}: see ColumnReduce
+    passes: dict[Identifier, Identifier] = {}
 
     @model_validator(mode="after")
     def _consistent(self) -> OpSpec:
@@ -406,6 +408,8 @@ class OpSpec(_Model):
             )
         if not set(self.shared.values()) <= outputs or set(self.shared) & set(names):
             raise ValueError(f"shared: maps new names to outputs {sorted(outputs)}; got {self.shared}")
+        if not set(self.passes) <= outputs or not set(self.passes.values()) <= {t.name for t in self.inputs}:
+            raise ValueError(f"passes: maps outputs {sorted(outputs)} to inputs; got {self.passes}")
         self._check_layers(seen)
         return self
 

@@ -351,6 +351,8 @@ def _backward_glue(forward: OpSpec, backward: OpSpec) -> dict[str, list[str]]:
             results.append("torch::Tensor()")
             continue
         got = "result" if len(outs) == 1 else f"std::get<{outs.index(gradients[t.name])}>(result)"
+        if passed := backward.passes.get(gradients[t.name]):  # empty where it is `passed`: that handed on
+            got = f"{given[t.name]}.sizes() == {given[passed]}.sizes() ? {given[passed]} : {got}"
         results.append(f"{given[t.name]}.defined() ? {got} : torch::Tensor()" if t.optional else got)
     calls = [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
     constants = [t for t in forward.inputs if t.name not in gradients]

@@ -198,6 +198,36 @@ def test_an_input_no_expression_reads_is_never_loaded():
     assert "scale_row_at(row)" in source and "shift_row_at" not in source
 
 
+def test_a_gradient_equal_to_an_incoming_one_is_handed_on_where_its_input_has_every_row():
+    """AdaLN's shift: per token its gradient is grad_out itself, so the backward returns it empty and the
+    autograd hands grad_out on (no row tensor written); per batch it is still summed. Not where the dtypes
+    differ (a float32 shift of a 16-bit op: its gradient is float32)."""
+    passes = {op: family_of(load_spec(op)).backward(load_spec(op)).passes for op in DIFFERENTIATED}
+    assert {op: p for op, p in passes.items() if p} == {
+        op: {"grad_shift": "grad_out"}
+        for op in ("adaln_rmsnorm", "adaln_layernorm", "residual_adaln_rmsnorm", "residual_adaln_layernorm")
+    }
+    spec = load_spec("adaln_rmsnorm")
+    back = family_of(spec).backward(spec)
+    gen = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(2, 5, 8, generator=gen).double(), torch.randn(2, 5, 8, generator=gen).double()
+    w = torch.randn(8, generator=gen).double()
+    for rows in (5, 1):  # per token, per batch
+        scale, shift = torch.randn(2, rows, 8, generator=gen).double(), torch.randn(2, rows, 8).double()
+        got = family_of(back).evaluate(back, [x, scale, shift, dy, w], [1e-6], "single_rounding")
+        want = back.reference(x, scale, shift, dy, w, 1e-6)
+        assert got[2].shape == want[2].shape == ((0,) if rows == 5 else (2, 1, 8))
+        full = torch.autograd.grad(
+            spec.reference(*(t.requires_grad_() for t in (x, scale, shift)), w), shift, dy
+        )[0]
+        torch.testing.assert_close(full, dy if rows == 5 else dy.sum(1, keepdim=True))
+    source = (GENERATED / "adaln-rmsnorm-sm90/torch-ext/torch_binding.cpp").read_text()
+    assert "saved[2].sizes() == grads[0].sizes() ? grads[0] : std::get<2>(result)" in source
+    fields = {f: getattr(back, f) for f in OpSpec.model_fields}
+    with pytest.raises(ValueError, match="passes"):  # scale's gradient is not grad_out
+        OpSpec(**fields | {"passes": {"grad_scale": "grad_out"}})
+
+
 def test_an_absent_weight_gets_no_gradient_in_the_math():
     spec = load_spec("layernorm")
     back = family_of(spec).backward(spec)

@@ -111,6 +111,11 @@ def expected_grads(op, inputs, params, grads, convention):
     back = backward_spec(op)
     found = back.reference(*(named[t.name] for t in back.inputs), *params, convention=convention)
     by_name = dict(zip((t.name for t in back.outputs), found))  # an input sharing another's: that one
+    # an empty one that the autograd hands an incoming gradient for (AdaLN's shift per token): that gradient
+    like = back.structure.shaped_like
+    by_name |= {
+        g: named[i].double() for g, i in back.passes.items() if named[like[g]].shape == named[i].shape
+    }
     wanted = [t for t, v in zip(spec.inputs, inputs) if v is not None and v.requires_grad]
     return [by_name[back.shared.get(g, g)] for g in (gradient_name(t.name) for t in wanted)]
 
@@ -325,6 +330,28 @@ def test_per_batch_modulation_gradients_summed_per_batch_repeat_bitwise(librarie
     want = expected_grads(op, inputs, params, grads, load_spec(op).default_convention)
     library = library_grads(op, inputs, params, grads, want)
     assert_close_to_reference(op, runs[0], want, library, dtype, allowance=allowance(op, inputs, grads))
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if backward_spec(op).passes])
+def test_a_per_token_shift_gets_the_incoming_gradient_itself(libraries, op):
+    """AdaLN's shift per token: its gradient is grad_out, handed on by the autograd (the backward op returns
+    it empty and writes no row for it); per batch the op sums it. Bitwise: no rounding in between."""
+    spec, back, dtype = load_spec(op), backward_spec(op), torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for per_batch in (False, True):
+        inputs, params = leaves(op, (2, 300, 1024), dtype, gen, per_batch=per_batch)
+        outs = as_tuple(getattr(libraries[op], op)(*inputs, *params))
+        grads = random_grads(outs, gen, dtype)
+        shift = [t.name for t in spec.inputs].index("shift")
+        got = torch.autograd.grad(outs, inputs[shift], grads)[0]
+        named = dict(zip((t.name for t in spec.inputs), inputs))
+        named |= {gradient_name(t.name): g for t, g in zip(spec.outputs, grads)}
+        direct = getattr(libraries[op].ops, back.name)(*(named[t.name] for t in back.inputs), *params)
+        grad_shift = direct[[t.name for t in back.outputs].index("grad_shift")]
+        if per_batch:
+            assert grad_shift.shape == got.shape == (2, 1, 1024) and torch.equal(grad_shift, got)
+        else:
+            assert grad_shift.numel() == 0 and torch.equal(got, grads[0])
 
 
 @pytest.mark.parametrize("op", BROADCAST)

@@ -135,8 +135,8 @@ SIZES = {
     "families/rotary.py": 480,
     "families/rotary_grid.py": 200,
     "families/rotary_norm.py": 120,
-    "families/column_reduce.py": 656,  # two schedules: rows held on chip, and split rows (sums, then outputs)
-    "families/row_backward.py": 190,  # with the split sums (linear_parts) and their zero-sum parts
+    "families/column_reduce.py": 668,  # two schedules (rows held on chip, split rows); passed-on gradients
+    "families/row_backward.py": 206,  # split sums (linear_parts), zero-sum parts, passed-on gradients
     "families/elementwise.py": 260,
     "families/__init__.py": 80,
     "dsl.py": 580,
@@ -153,7 +153,7 @@ SIZES = {
     "codegen.py": 170,
     "planner.py": 60,
     "check.py": 100,
-    "autodiff.py": 110,
+    "autodiff.py": 116,
     "errors.py": 40,
     "integrations/diffusers.py": 340,
     "integrations/flux.py": 320,  # both block kinds, the attention processor, pos_embed (wan.py: 340)

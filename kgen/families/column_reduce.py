@@ -85,7 +85,9 @@ class ColumnReduce(Structure):
     output is written, a 'hidden' output is summed over every row. ``when_given`` maps a 'hidden' output to an
     optional input: the output is computed only when the input is given (an empty tensor otherwise), as the
     gradient of an absent weight. ``shaped_like`` maps a '*rows hidden' output to a broadcast input: the
-    output has the input's shape, each element the sum over the rows it broadcasts to (its gradient)."""
+    output has the input's shape, each element the sum over the rows it broadcasts to (its gradient). The
+    spec's ``passes`` maps such an output to the incoming gradient it equals (AdaLN shift's): where the input
+    has every row the output is empty, not written, and the autograd hands that gradient on."""
 
     kind: str = "column_reduce"
     sums: dict[Identifier, list[RowSum]]
@@ -163,6 +165,14 @@ class ColumnReduce(Structure):
             raise ValueError(
                 f"structure.shaped_like: maps '*rows hidden' outputs {sorted(rows)} to broadcast inputs "
                 f"{sorted(broadcast)}; got {self.shaped_like}"
+            )
+        full = {(t.name, t.dtype) for t in spec.row_inputs if not (t.broadcast or t.optional)}
+        dtype = {t.name: t.dtype for t in spec.outputs}
+        if any(o not in self.shaped_like or (i, dtype[o]) not in full for o, i in spec.passes.items()) or any(
+            c.outputs[o] != sp.Symbol(i) for c in self.conventions for o, i in spec.passes.items()
+        ):
+            raise ValueError(
+                f"passes: outputs shaped like an input to row inputs they equal; got {spec.passes}"
             )
         shape = [list(s.finalize) for s in self.sums[self.conventions[0].name]]
         inputs = {t.name for t in spec.row_inputs + spec.column_inputs}
@@ -268,6 +278,7 @@ class ColumnReduceContext(FamilyContext):
     unread: list[str]  # row inputs no expression reads (an AdaLN shift): passed for their shape, never loaded
     held: list[Tensor]  # the others: held on chip (registers, staged or re-read) with the row
     shaped_like: dict[str, str]  # an output shaped like a broadcast input -> that input
+    passes: dict[str, str]  # such an output -> the row input it equals (not written where it has every row)
     summed_outputs: list[Tensor]  # the column outputs, then those shaped like an input: fp32 sums per block
     workspace: bool  # the launcher takes fp32 scratch (partial rows, a split row's scalars) from the binding
 
@@ -541,6 +552,8 @@ class ColumnReduceFamily(RowsFamily):
                 value = value.new_empty(0)
             elif t.column:
                 value = value.reshape(-1, shape[-1]).sum(0)
+            elif t.name in spec.passes and named[structure.shaped_like[t.name]].shape == shape:
+                value = value.new_empty(0)  # the autograd hands the input it equals on
             elif like := structure.shaped_like.get(t.name):
                 value = value.sum_to_size(named[like].shape)
             out.append(value)
@@ -625,6 +638,7 @@ class ColumnReduceFamily(RowsFamily):
             unread=[t.name for t in spec.row_inputs if t.name not in structure.read()],
             held=self._held(spec),
             shaped_like=structure.shaped_like,
+            passes=spec.passes,
             summed_outputs=self.summed_outputs(spec),
             workspace=True,
         )
@@ -641,9 +655,11 @@ class ColumnReduceFamily(RowsFamily):
         )
         if given := structure.when_given.get(t.name):
             shape = f"{shape} if {given} is not None else [0]"
+        if t.name in spec.passes:
+            shape = f"[0] if {shape} == {lead}.shape else {shape}"
         return (
             f"{lead}.new_empty({shape}{', dtype=torch.float32' if t.dtype == 'float32' else ''})"
-            if t.column or given
+            if t.column or given or t.name in spec.passes
             else f"torch.empty({shape}, dtype={fake_dtype(t, spec.lead)}, device={lead}.device)"
         )
 

@@ -152,6 +152,17 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
         for c in conventions
     ]
     written = [t for t in spec.inputs if gradient_name(t.name) not in shared]
+    # a broadcast input's gradient that is an incoming one of its dtype in every convention (AdaLN's shift):
+    # not written where the input has every row (the autograd hands the incoming gradient on)
+    dtype = {gradient_name(t.name): t.dtype for t in spec.outputs}
+    passing = {  # input -> the incoming gradient
+        t.name: g
+        for t in written
+        for g in dtype
+        if t.broadcast
+        and dtype[g] == t.dtype
+        and all(c.outputs[gradient_name(t.name)] == sp.Symbol(g) for c in conventions)
+    }
     required = [t for t in spec.inputs if not t.optional]
     optional = [t for t in spec.inputs if t.optional]
     incoming = [
@@ -178,6 +189,7 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
         ],
         params=spec.params,
         shared=shared,
+        passes={gradient_name(name): g for name, g in passing.items()},
         structure=ColumnReduce(
             sums=sums,
             conventions=conventions,
@@ -185,6 +197,9 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
             shaped_like={gradient_name(t.name): t.name for t in written if t.broadcast},
         ),
         reference=backward_reference(
-            spec, [t.name for t in required + incoming + optional], [t.name for t in written]
+            spec,
+            [t.name for t in required + incoming + optional],
+            [t.name for t in written],
+            passes=passing,
         ),
     )

@@ -232,7 +232,7 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     const int64_t convention = ctx->saved_data["convention"].toInt();
     const auto result = backward_op(convention).call(saved[0], saved[1], saved[2], grads[0], ctx->saved_data["eps"].toDouble());
     // One gradient per input (none for an absent one), then none for the params and the convention.
-    return {std::get<0>(result), std::get<1>(result), std::get<2>(result), torch::Tensor(), torch::Tensor()};
+    return {std::get<0>(result), std::get<1>(result), saved[2].sizes() == grads[0].sizes() ? grads[0] : std::get<2>(result), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -372,7 +372,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_adaln_layernorm_back
   // shaped like scale: summed over the rows it broadcasts to
   torch::Tensor grad_scale = torch::empty(scale.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   // shaped like shift: summed over the rows it broadcasts to
-  torch::Tensor grad_shift = torch::empty(shift.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  // ... or empty where shift has every row: grad_shift is then grad_out, which the autograd hands on
+  torch::Tensor grad_shift = torch::empty(shift.sizes() == c10::IntArrayRef(out_shape) ? std::vector<int64_t>{0} : shift.sizes().vec(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) {  // no rows: the sums over them are zero
     grad_scale.zero_();
     grad_shift.zero_();
@@ -412,7 +413,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_adaln_layernorm_back
       : torch::Tensor();
   const bool grad_shift_per_row = shift.sizes() == c10::IntArrayRef(out_shape);
   const bool grad_shift_per_batch = !grad_shift_per_row && per_batch(shift);
-  const torch::Tensor grad_shift_rows = grad_shift_per_row ? grad_shift.view({-1, hidden})
+  const torch::Tensor grad_shift_rows = grad_shift_per_row ? torch::Tensor()
       : !grad_shift_per_batch ? torch::empty(out_shape, x.options()).view({-1, hidden})
       : torch::Tensor();
 

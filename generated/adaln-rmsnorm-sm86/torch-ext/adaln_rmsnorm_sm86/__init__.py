@@ -81,7 +81,7 @@ def _adaln_rmsnorm_backward_fake(x: torch.Tensor, scale: torch.Tensor, shift: to
                  lambda: f"adaln_rmsnorm_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
     torch._check(grad_out.dtype == x.dtype, lambda: f"adaln_rmsnorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "adaln_rmsnorm_backward: grad_out must have the shape of x")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), torch.empty(shift.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]))
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), x.new_empty([0] if shift.shape == x.shape else shift.shape), x.new_empty(x.shape[-1:] if weight is not None else [0]))
 
 
 _register_fake("adaln_rmsnorm_backward", _adaln_rmsnorm_backward_fake)

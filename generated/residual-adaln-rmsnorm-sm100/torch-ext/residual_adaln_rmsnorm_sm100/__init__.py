@@ -99,7 +99,7 @@ def _residual_adaln_rmsnorm_backward_fake(x: torch.Tensor, h: torch.Tensor, scal
         torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                     enumerate(zip(gate.shape, x.shape))),
                      lambda: f"residual_adaln_rmsnorm_backward: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), torch.empty(shift.shape, dtype=x.dtype, device=x.device), x.new_empty(gate.shape if gate is not None else [0]), x.new_empty(x.shape[-1:] if weight is not None else [0]))
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), x.new_empty([0] if shift.shape == x.shape else shift.shape), x.new_empty(gate.shape if gate is not None else [0]), x.new_empty(x.shape[-1:] if weight is not None else [0]))
 
 
 _register_fake("residual_adaln_rmsnorm_backward", _residual_adaln_rmsnorm_backward_fake)
