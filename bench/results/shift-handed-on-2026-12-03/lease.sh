@@ -24,6 +24,6 @@ for v in before after; do
 done
 python3 $W/bench/results/backward-kernels-2026-12-03/table.py "$R/breakdown-before.jsonl" "$R/breakdown-after.jsonl" > "$R/table.md"
 echo "breakdown done $(date)" >> $R/progress
-(cd /tmp/v/after && PYTHONPATH=/tmp/v/after:/tmp/site timeout 420 python3 $W/bench/results/shift-handed-on-2026-12-03/copies_probe.py /tmp/build-q > $R/copies.log 2>&1)
+(cd /tmp/v/after && PYTHONPATH=/tmp/v/after:/tmp/site timeout 420 python3 $W/bench/results/e2e-ltx-train-2026-12-03/copies_probe.py qwen3-train /tmp/build-q > $R/copies.log 2>&1)
 echo "probe done $(date)" >> $R/progress
 touch $R/JOB_DONE
