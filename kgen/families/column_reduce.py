@@ -377,7 +377,7 @@ class ColumnReduceFamily(RowsFamily):
         access_bytes = elem * elems
         held_bytes = max(4, access_bytes)  # a 16-bit element alone still takes a 32-bit register
         summed = len(spec.column_outputs) + len(spec.structure.shaped_like)
-        held = self._held(spec)
+        held, read = self._held(spec), spec.structure.read()
         rows_only = self._held_bytes(spec, access_bytes, elems)
         # at most 4 accesses: 8 scalar accesses of layernorm's 4 inputs and 2 sums spilled at 64 registers
         # (nvcc 13.0, sm_90)
@@ -412,7 +412,7 @@ class ColumnReduceFamily(RowsFamily):
             )
             + "".join(
                 f"; {t.name}, which only the outputs read, is loaded there, not held"
-                if t.name in spec.structure.read()
+                if t.name in read
                 else f"; {t.name}, which nothing reads, is not loaded (its shape alone is used)"
                 for t in spec.row_inputs
                 if t not in held
@@ -422,8 +422,7 @@ class ColumnReduceFamily(RowsFamily):
         # inputs' accesses for every resident thread, within 3/4 of the SM's shared memory (the rest stays L1
         # for the column inputs re-read per row); cp.async copies 4, 8 or 16 bytes
         slot_bytes = max((access_bytes_of(t, elem, elems) for t in spec.row_inputs), default=access_bytes)
-        read = [t for t in spec.row_inputs if t.name in spec.structure.read()]
-        staged_bytes = 2 * accesses * len(read) * slot_bytes * resident
+        staged_bytes = 2 * accesses * sum(t.name in read for t in spec.row_inputs) * slot_bytes * resident
         staged = (
             profile.async_copy
             and held
@@ -599,6 +598,7 @@ class ColumnReduceFamily(RowsFamily):
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan]) -> ColumnReduceContext:
         structure = spec.structure
+        read = structure.read()
         names = printed_names(spec) | {s: f"stats.{s}" for s in structure.scalars()}
         inputs = spec.row_inputs + spec.column_inputs
         kernel_params, launch_args = self.kernel_arguments(spec)
@@ -634,8 +634,8 @@ class ColumnReduceFamily(RowsFamily):
             out_args=", ".join(f"float& {t.name}{RESULT}" for t in spec.outputs),
             out_elems=", ".join(f"{t.name}_f[j]" for t in spec.outputs),
             when_given=structure.when_given,
-            streamed=[t.name for t in spec.row_inputs if t.name in structure.read() - structure.summed()],
-            unread=[t.name for t in spec.row_inputs if t.name not in structure.read()],
+            streamed=[t.name for t in spec.row_inputs if t.name in read - structure.summed()],
+            unread=[t.name for t in spec.row_inputs if t.name not in read],
             held=self._held(spec),
             shaped_like=structure.shaped_like,
             passes=spec.passes,
