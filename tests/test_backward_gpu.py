@@ -112,10 +112,11 @@ def expected_grads(op, inputs, params, grads, convention):
     found = back.reference(*(named[t.name] for t in back.inputs), *params, convention=convention)
     by_name = dict(zip((t.name for t in back.outputs), found))  # an input sharing another's: that one
     # an empty one that the autograd hands an incoming gradient for (AdaLN's shift per token): that gradient
-    like = back.structure.shaped_like
-    by_name |= {
-        g: named[i].double() for g, i in back.passes.items() if named[like[g]].shape == named[i].shape
-    }
+    if back.passes:  # only column reductions hand gradients on (and have `shaped_like`)
+        like = back.structure.shaped_like
+        by_name |= {
+            g: named[i].double() for g, i in back.passes.items() if named[like[g]].shape == named[i].shape
+        }
     wanted = [t for t, v in zip(spec.inputs, inputs) if v is not None and v.requires_grad]
     return [by_name[back.shared.get(g, g)] for g in (gradient_name(t.name) for t in wanted)]
 
