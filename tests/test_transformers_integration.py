@@ -136,7 +136,7 @@ def test_rope_on_request(kind, served_ops, build_root, monkeypatch):
         else (LLAMA3_8B if GPU else {k: v for k, v in SMALL.items() if k != "head_dim"})
     )
     check_logits_match(kind, config, served_ops, build_root, rope=True)
-    with pytest.raises(RuntimeError, match="RotaryPosEmb computes unsqueeze_dim=1 only, got 2"):
+    with pytest.raises(ValueError, match="RotaryPosEmb computes unsqueeze_dim=1 only, got 2"):
         q = torch.randn(1, 2, 3, 8, device=DEVICE)
         modeling.apply_rotary_pos_emb(q, q, q[:, 0], q[:, 0], unsqueeze_dim=2)
 

@@ -15,5 +15,6 @@ class RotaryPosEmb(torch.nn.Module):
     has_backward: bool = True
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1) -> tuple[torch.Tensor, ...]:
-        torch._check(unsqueeze_dim == 1, lambda: f"RotaryPosEmb computes unsqueeze_dim=1 only, got {unsqueeze_dim}")
+        if unsqueeze_dim != 1:  # a Python constant: torch.compile traces no graph break
+            raise ValueError(f"RotaryPosEmb computes unsqueeze_dim=1 only, got {unsqueeze_dim}")
         return ops.rope_transformers(q, k, cos, sin)
