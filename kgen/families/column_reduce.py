@@ -99,7 +99,8 @@ class ColumnReduce(Structure):
     declares = frozenset(
         {
             "rows",
-            "as_rows",
+            "rows_of",
+            "broadcast_rows_of",
             "accesses",
             "count",
             "lane",

@@ -43,8 +43,8 @@ class Elementwise(Structure):
         {
             "rows",
             "inner",
-            "as_rows",
-            "as_broadcast_rows",
+            "rows_of",
+            "broadcast_rows_of",
             "packed_shape",
             "per_row",
             "positions",

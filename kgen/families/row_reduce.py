@@ -64,8 +64,8 @@ class RowReduce(Structure):
         {
             "rows",
             "inner",
-            "as_rows",
-            "as_broadcast_rows",
+            "rows_of",
+            "broadcast_rows_of",
             "accesses",
             "fetch",
             "from_global",

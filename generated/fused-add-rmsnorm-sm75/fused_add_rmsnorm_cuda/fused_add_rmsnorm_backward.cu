@@ -123,7 +123,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
 namespace kgen_fused_add_rmsnorm_backward {
@@ -177,6 +179,40 @@ constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
 template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Per-device facts the launchers need on every call, asked of the runtime once per device (devices past
+// kCachedDevices are asked every time).
+constexpr int kCachedDevices = 64;
+
+// The current device's SM count; 0 if the runtime cannot say.
+[[maybe_unused]] inline int current_sm_count() {
+  static std::atomic<int> known[kCachedDevices];  // 0: not asked yet
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kCachedDevices && (sms = known[device].load(std::memory_order_relaxed)) > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kCachedDevices) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// Lets Kernel take `bytes` of dynamic shared memory on the current device (the opt-in above the default
+// limit). The attribute is set once per device and size, and only ever raised (under a lock), so a launch of
+// a smaller size on another thread never lowers it under a larger one.
+template <auto Kernel>
+[[maybe_unused]] cudaError_t allow_shared_bytes(size_t bytes) {
+  static std::atomic<size_t> granted[kCachedDevices];  // 0: the default limit
+  static std::mutex raising;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kCachedDevices) return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (granted[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
+  const std::lock_guard<std::mutex> lock(raising);
+  if (granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess) granted[device].store(bytes, std::memory_order_release);
+  return err;
+}
 
 namespace {
 
@@ -695,25 +731,31 @@ cudaError_t launch_config(const FusedAddRmsnormBackwardArgs& args, const Params&
   const int64_t chunks = ceil_div<int64_t>(args.hidden / ELEMS, kSplitThreads);
   const int64_t groups = batches * std::max<int64_t>(1, std::min(args.rows / batches, kResidentThreads / kSplitThreads / chunks / batches));
   if (STORAGE == RowStorage::kSplit && (chunks > kMaxGridX || groups > kMaxGridY)) return cudaErrorInvalidConfiguration;
+  // The scratch, in one fp32 allocation whose parts start 256 bytes apart: kSplit's per-row scalars (from the
+  // first kernel to the second), then one partial row per slot for each summed output asked for.
+  const auto part_floats = [](int64_t floats) { return ceil_div<int64_t>(floats, 64) * 64; };
+  const int64_t stats_floats = STORAGE == RowStorage::kSplit ? part_floats(args.rows * int64_t(sizeof(Stats) / sizeof(float))) : 0;
   const int64_t slots = STORAGE == RowStorage::kSplit ? groups : blocks;  // partial rows per output
   void* const outs[kSummedOutputs] = {args.grad_weight};
+  int64_t scratch_floats = stats_floats;
+  for (int c = 0; c < kSummedOutputs; ++c)
+    if (outs[c] != nullptr) scratch_floats += part_floats(slots * args.hidden);  // else not asked for (its optional input is absent)
+  float* const scratch = scratch_floats > 0 ? args.workspace(args.workspace_owner, scratch_floats) : nullptr;
+  if (scratch_floats > 0 && scratch == nullptr) return cudaErrorMemoryAllocation;
+  Stats* const row_stats = STORAGE == RowStorage::kSplit ? reinterpret_cast<Stats*>(scratch) : nullptr;
   float* partials[kSummedOutputs] = {};
+  float* next_part = scratch + stats_floats;
   for (int c = 0; c < kSummedOutputs; ++c) {
-    if (outs[c] == nullptr) continue;  // not asked for (its optional input is absent)
-    partials[c] = args.workspace(args.workspace_owner, slots * args.hidden);
-    if (partials[c] == nullptr) return cudaErrorMemoryAllocation;
+    if (outs[c] == nullptr) continue;
+    partials[c] = next_part;
+    next_part += part_floats(slots * args.hidden);
   }
-  Stats* row_stats = nullptr;  // kSplit: each row's scalars, from the first kernel to the second
-  if constexpr (STORAGE == RowStorage::kSplit) {
-    row_stats = reinterpret_cast<Stats*>(args.workspace(args.workspace_owner, args.rows * int64_t(sizeof(Stats) / sizeof(float))));
-    if (row_stats == nullptr) return cudaErrorMemoryAllocation;
-  }
-  auto* const kernel = &fused_add_rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
+  constexpr auto kernel = &fused_add_rmsnorm_backward_kernel<T, Conv, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE, COLUMNS_IN_REGISTERS>;
   // kStaged: two buffers of every row input's accesses per thread
   constexpr size_t kStagedBytes = STORAGE == RowStorage::kStaged ? 2 * kStagedInputs * MAX_ACCESSES * kBlock * kSlotBytes<T, ELEMS> : 0;
   constexpr size_t kStaticBytes = sizeof(float) * (kScratchFloats<kBlock> + kSlotSumFloats<THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, ELEMS, STORAGE>);
   if constexpr (kStagedBytes + kStaticBytes > kDefaultSharedBytes) {  // static and dynamic: the opt-in's limit
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStagedBytes));
+    const cudaError_t err = allow_shared_bytes<kernel>(kStagedBytes);
     if (err != cudaSuccess) return err;
   }
   kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.residual), args.residual_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);

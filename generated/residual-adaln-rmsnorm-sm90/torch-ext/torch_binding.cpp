@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -39,6 +40,71 @@ std::string number_str(double v) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.17g", v);
   return text;
+}
+
+// A device's compute capability (e.g. 90), asked of the runtime once per device (past 64 devices, every time).
+int device_capability(c10::DeviceIndex device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> known[kCachedDevices];  // 0: not asked yet
+  int capability = device < kCachedDevices ? known[device].load(std::memory_order_relaxed) : 0;
+  if (capability > 0) return capability;
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  capability = major * 10 + minor;
+  if (device < kCachedDevices) known[device].store(capability, std::memory_order_relaxed);
+  return capability;
+}
+
+// An input read as rows of its last dim: where the rows are, the stride between them, and (a broadcast input)
+// the stride between groups of `inner` rows. Taken from the tensor's sizes and strides without making a new
+// tensor (each view or reshape costs a dispatcher call on every op call); `keep` holds a copy only where the
+// layout does not collapse to those strides.
+struct RowsOf {
+  torch::Tensor keep;
+  void* data = nullptr;
+  int64_t row_stride = 0;
+  int64_t outer_stride = 0;
+};
+
+// The single stride dims [0, end) collapse to (reshape's view rule: each dim's stride is the next inner one's
+// times that one's size; dims of size 1 are skipped), `only` where every one has size 1, -1 where they do not
+// collapse.
+[[maybe_unused]] int64_t collapsed_stride(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t end, int64_t only) {
+  int64_t stride = -1, span = 1;  // the innermost collapsed dim's stride; the elements collapsed so far
+  for (int64_t d = end - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (stride < 0) stride = strides[d];
+    else if (strides[d] != stride * span) return -1;
+    span *= sizes[d];
+  }
+  return stride < 0 ? only : stride;
+}
+
+// A '*rows ...' input as [rows, width]: in place when its last dim has unit stride and its leading dims
+// collapse, else a contiguous copy.
+[[maybe_unused]] RowsOf rows_of(const torch::Tensor& t, int64_t width) {
+  const int64_t last = t.dim() - 1;
+  const int64_t stride = t.stride(last) == 1 || t.size(last) == 1 ? collapsed_stride(t.sizes(), t.strides(), last, width) : -1;
+  if (stride >= 0) return {torch::Tensor(), t.data_ptr(), stride, 0};
+  torch::Tensor copy = t.contiguous();
+  return {copy, copy.data_ptr(), width, 0};
+}
+
+// A broadcast input (each dim 1 or the lead's) as [outer, inner, hidden] over the lead's rows: a size-1 dim gets
+// stride 0, so a per-batch [B, 1, C] tensor is read in place. Broadcasts whose outer dims do not collapse are
+// copied out once (as reshape of the expanded tensor would).
+[[maybe_unused]] RowsOf broadcast_rows_of(const torch::Tensor& t, c10::IntArrayRef out_shape, int64_t inner, int64_t hidden) {
+  const int64_t n = t.dim();
+  if (t.stride(n - 1) == 1 || hidden == 1) {
+    c10::SmallVector<int64_t, 8> strides(n);
+    for (int64_t d = 0; d < n; ++d) strides[d] = t.size(d) == 1 ? 0 : t.stride(d);
+    const int64_t outer = collapsed_stride(out_shape, strides, n - 2, 0);
+    if (outer >= 0) return {torch::Tensor(), t.data_ptr(), inner > 1 ? strides[n - 2] : 0, outer};
+  }
+  torch::Tensor rows = t.expand(out_shape).reshape({-1, inner, hidden});
+  if (rows.stride(2) != 1) rows = rows.contiguous();
+  return {rows, rows.data_ptr(), rows.stride(1), rows.stride(0)};
 }
 
 }  // namespace
@@ -83,10 +149,7 @@ constexpr Plans kPlans[] = {
 
 // The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
 const Plans& plans_for(const torch::Tensor& lead, kgen_residual_adaln_rmsnorm::DType dtype, const char* op) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
-  const int capability = major * 10 + minor;
+  const int capability = device_capability(lead.get_device());
   for (const Plans& plans : kPlans) {
     if (capability < plans.capability) continue;
     TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
@@ -168,53 +231,40 @@ std::tuple<torch::Tensor, torch::Tensor> run_residual_adaln_rmsnorm(const torch:
   torch::Tensor residual_out = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return std::make_tuple(out, residual_out);
 
-  // A [rows, width] view with unit stride in the last dim; anything else is copied once.
-  auto as_rows = [](const torch::Tensor& t, int64_t width) {
-    torch::Tensor rows = t.reshape({-1, width});
-    return rows.stride(1) == 1 ? rows : rows.contiguous();
-  };
-  // A broadcast input as [outer, inner, hidden] over x's rows: a size-1 dim gets stride 0, so a
-  // per-batch [B, 1, C] tensor is read in place. Broadcasts that do not collapse this way are
-  // copied out once.
+  // Each row input's rows, in place where its layout allows (rows_of, broadcast_rows_of), else copied once.
   const int64_t inner = x.dim() >= 2 ? x.size(-2) : 1;
-  auto as_broadcast_rows = [&](const torch::Tensor& t) {
-    torch::Tensor rows = t.expand(out_shape).reshape({-1, inner, hidden});
-    return rows.stride(2) == 1 ? rows : rows.contiguous();
-  };
-  const torch::Tensor x_rows = as_rows(x, hidden);
-  const torch::Tensor h_rows = as_rows(h, hidden);
-  const torch::Tensor scale_rows = as_broadcast_rows(scale);
-  const torch::Tensor shift_rows = as_broadcast_rows(shift);
-  const std::optional<torch::Tensor> gate_rows = gate.has_value()
-      ? std::optional<torch::Tensor>(as_broadcast_rows(*gate))
+  const RowsOf x_rows = rows_of(x, hidden);
+  const RowsOf h_rows = rows_of(h, hidden);
+  const RowsOf scale_rows = broadcast_rows_of(scale, out_shape, inner, hidden);
+  const RowsOf shift_rows = broadcast_rows_of(shift, out_shape, inner, hidden);
+  const std::optional<RowsOf> gate_rows = gate.has_value()
+      ? std::optional<RowsOf>(broadcast_rows_of(*gate, out_shape, inner, hidden))
       : std::nullopt;
   const std::optional<torch::Tensor> weight_col =
       weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
-  const torch::Tensor out_rows = out.view({-1, hidden});
-  const torch::Tensor residual_out_rows = residual_out.view({-1, hidden});
 
   kgen_residual_adaln_rmsnorm::ResidualAdalnRmsnormArgs args{};
-  args.x = x_rows.data_ptr();
-  args.x_row_stride = x_rows.stride(0);
-  args.h = h_rows.data_ptr();
-  args.h_row_stride = h_rows.stride(0);
-  args.scale = scale_rows.data_ptr();
-  args.scale_row_stride = scale_rows.stride(1);
-  args.scale_outer_stride = scale_rows.stride(0);
-  args.shift = shift_rows.data_ptr();
-  args.shift_row_stride = shift_rows.stride(1);
-  args.shift_outer_stride = shift_rows.stride(0);
+  args.x = x_rows.data;
+  args.x_row_stride = x_rows.row_stride;
+  args.h = h_rows.data;
+  args.h_row_stride = h_rows.row_stride;
+  args.scale = scale_rows.data;
+  args.scale_row_stride = scale_rows.row_stride;
+  args.scale_outer_stride = scale_rows.outer_stride;
+  args.shift = shift_rows.data;
+  args.shift_row_stride = shift_rows.row_stride;
+  args.shift_outer_stride = shift_rows.outer_stride;
   if (gate_rows.has_value()) {
-    args.gate = gate_rows->data_ptr();
-    args.gate_row_stride = gate_rows->stride(1);
-    args.gate_outer_stride = gate_rows->stride(0);
+    args.gate = gate_rows->data;
+    args.gate_row_stride = gate_rows->row_stride;
+    args.gate_outer_stride = gate_rows->outer_stride;
   }
   args.weight = weight_col? weight_col->data_ptr() : nullptr;
-  args.out = out_rows.data_ptr();
-  args.out_row_stride = out_rows.stride(0);
-  args.residual_out = residual_out_rows.data_ptr();
-  args.residual_out_row_stride = residual_out_rows.stride(0);
-  args.rows = x_rows.size(0);
+  args.out = out.data_ptr();  // new and contiguous: rows of hidden
+  args.out_row_stride = hidden;
+  args.residual_out = residual_out.data_ptr();  // new and contiguous: rows of hidden
+  args.residual_out_row_stride = hidden;
+  args.rows = x.numel() / hidden;
   args.hidden = hidden;
   args.inner = inner;
   args.eps = eps_f;
@@ -364,10 +414,7 @@ constexpr Plans kPlans[] = {
 
 // The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
 const Plans& plans_for(const torch::Tensor& lead, kgen_residual_adaln_rmsnorm_backward::DType dtype, const char* op) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
-  const int capability = major * 10 + minor;
+  const int capability = device_capability(lead.get_device());
   for (const Plans& plans : kPlans) {
     if (capability < plans.capability) continue;
     TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
@@ -484,27 +531,16 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     return std::make_tuple(grad_x, grad_h, grad_scale, grad_shift, grad_gate, grad_weight);
   }
 
-  // A [rows, width] view with unit stride in the last dim; anything else is copied once.
-  auto as_rows = [](const torch::Tensor& t, int64_t width) {
-    torch::Tensor rows = t.reshape({-1, width});
-    return rows.stride(1) == 1 ? rows : rows.contiguous();
-  };
-  // A broadcast input as [outer, inner, hidden] over x's rows: a size-1 dim gets stride 0, so a
-  // per-batch [B, 1, C] tensor is read in place. Broadcasts that do not collapse this way are
-  // copied out once.
+  // Each row input's rows, in place where its layout allows (rows_of, broadcast_rows_of), else copied once.
   const int64_t inner = x.dim() >= 2 ? x.size(-2) : 1;
-  auto as_broadcast_rows = [&](const torch::Tensor& t) {
-    torch::Tensor rows = t.expand(out_shape).reshape({-1, inner, hidden});
-    return rows.stride(2) == 1 ? rows : rows.contiguous();
-  };
-  const torch::Tensor x_rows = as_rows(x, hidden);
-  const torch::Tensor h_rows = as_rows(h, hidden);
-  const torch::Tensor scale_rows = as_broadcast_rows(scale);
-  const torch::Tensor shift_rows = as_broadcast_rows(shift);
-  const torch::Tensor grad_out_rows = as_rows(grad_out, hidden);
-  const torch::Tensor grad_residual_out_rows = as_rows(grad_residual_out, hidden);
-  const std::optional<torch::Tensor> gate_rows = gate.has_value()
-      ? std::optional<torch::Tensor>(as_broadcast_rows(*gate))
+  const RowsOf x_rows = rows_of(x, hidden);
+  const RowsOf h_rows = rows_of(h, hidden);
+  const RowsOf scale_rows = broadcast_rows_of(scale, out_shape, inner, hidden);
+  const RowsOf shift_rows = broadcast_rows_of(shift, out_shape, inner, hidden);
+  const RowsOf grad_out_rows = rows_of(grad_out, hidden);
+  const RowsOf grad_residual_out_rows = rows_of(grad_residual_out, hidden);
+  const std::optional<RowsOf> gate_rows = gate.has_value()
+      ? std::optional<RowsOf>(broadcast_rows_of(*gate, out_shape, inner, hidden))
       : std::nullopt;
   const std::optional<torch::Tensor> weight_col =
       weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
@@ -516,8 +552,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     for (int64_t d = 0; batch && d + 2 < x.dim(); ++d) batch = t.size(d) == out_shape[d];
     return batch;
   };
-  const torch::Tensor grad_x_rows = grad_x.view({-1, hidden});
-  const torch::Tensor grad_h_rows = grad_h.view({-1, hidden});
   const bool grad_scale_per_row = scale.sizes() == c10::IntArrayRef(out_shape);
   const bool grad_scale_per_batch = !grad_scale_per_row && per_batch(scale);
   const torch::Tensor grad_scale_rows = grad_scale_per_row ? grad_scale.view({-1, hidden})
@@ -535,30 +569,30 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
       : torch::Tensor();
 
   kgen_residual_adaln_rmsnorm_backward::ResidualAdalnRmsnormBackwardArgs args{};
-  args.x = x_rows.data_ptr();
-  args.x_row_stride = x_rows.stride(0);
-  args.h = h_rows.data_ptr();
-  args.h_row_stride = h_rows.stride(0);
-  args.scale = scale_rows.data_ptr();
-  args.scale_row_stride = scale_rows.stride(1);
-  args.scale_outer_stride = scale_rows.stride(0);
-  args.shift = shift_rows.data_ptr();
-  args.shift_row_stride = shift_rows.stride(1);
-  args.shift_outer_stride = shift_rows.stride(0);
-  args.grad_out = grad_out_rows.data_ptr();
-  args.grad_out_row_stride = grad_out_rows.stride(0);
-  args.grad_residual_out = grad_residual_out_rows.data_ptr();
-  args.grad_residual_out_row_stride = grad_residual_out_rows.stride(0);
+  args.x = x_rows.data;
+  args.x_row_stride = x_rows.row_stride;
+  args.h = h_rows.data;
+  args.h_row_stride = h_rows.row_stride;
+  args.scale = scale_rows.data;
+  args.scale_row_stride = scale_rows.row_stride;
+  args.scale_outer_stride = scale_rows.outer_stride;
+  args.shift = shift_rows.data;
+  args.shift_row_stride = shift_rows.row_stride;
+  args.shift_outer_stride = shift_rows.outer_stride;
+  args.grad_out = grad_out_rows.data;
+  args.grad_out_row_stride = grad_out_rows.row_stride;
+  args.grad_residual_out = grad_residual_out_rows.data;
+  args.grad_residual_out_row_stride = grad_residual_out_rows.row_stride;
   if (gate_rows.has_value()) {
-    args.gate = gate_rows->data_ptr();
-    args.gate_row_stride = gate_rows->stride(1);
-    args.gate_outer_stride = gate_rows->stride(0);
+    args.gate = gate_rows->data;
+    args.gate_row_stride = gate_rows->row_stride;
+    args.gate_outer_stride = gate_rows->outer_stride;
   }
   args.weight = weight_col? weight_col->data_ptr() : nullptr;
-  args.grad_x = grad_x_rows.data_ptr();
-  args.grad_x_row_stride = grad_x_rows.stride(0);
-  args.grad_h = grad_h_rows.data_ptr();
-  args.grad_h_row_stride = grad_h_rows.stride(0);
+  args.grad_x = grad_x.data_ptr();  // new and contiguous: rows of hidden
+  args.grad_x_row_stride = hidden;
+  args.grad_h = grad_h.data_ptr();  // new and contiguous: rows of hidden
+  args.grad_h_row_stride = hidden;
   args.grad_scale = grad_scale_rows.defined() ? grad_scale_rows.data_ptr() : nullptr;
   args.grad_scale_row_stride = hidden;
   args.grad_scale_per_batch = grad_scale_per_batch ? grad_scale.data_ptr() : nullptr;
@@ -581,7 +615,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     return w->tensors.back().data_ptr<float>();
   };
   args.workspace_owner = &workspace;
-  args.rows = x_rows.size(0);
+  args.rows = x.numel() / hidden;
   args.hidden = hidden;
   args.inner = inner;
   args.batches = grad_scale_per_batch || grad_shift_per_batch || grad_gate_per_batch ? args.rows / inner : 1;

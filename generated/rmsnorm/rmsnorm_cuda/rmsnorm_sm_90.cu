@@ -187,7 +187,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
 namespace kgen_rmsnorm {
@@ -241,6 +243,40 @@ constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x limit (2^31 - 1)
 template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { return (a + b - 1) / b; }
 
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Per-device facts the launchers need on every call, asked of the runtime once per device (devices past
+// kCachedDevices are asked every time).
+constexpr int kCachedDevices = 64;
+
+// The current device's SM count; 0 if the runtime cannot say.
+[[maybe_unused]] inline int current_sm_count() {
+  static std::atomic<int> known[kCachedDevices];  // 0: not asked yet
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kCachedDevices && (sms = known[device].load(std::memory_order_relaxed)) > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kCachedDevices) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// Lets Kernel take `bytes` of dynamic shared memory on the current device (the opt-in above the default
+// limit). The attribute is set once per device and size, and only ever raised (under a lock), so a launch of
+// a smaller size on another thread never lowers it under a larger one.
+template <auto Kernel>
+[[maybe_unused]] cudaError_t allow_shared_bytes(size_t bytes) {
+  static std::atomic<size_t> granted[kCachedDevices];  // 0: the default limit
+  static std::mutex raising;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kCachedDevices) return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (granted[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
+  const std::lock_guard<std::mutex> lock(raising);
+  if (granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess) granted[device].store(bytes, std::memory_order_release);
+  return err;
+}
 
 namespace {
 
@@ -424,13 +460,12 @@ rmsnorm_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restric
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
 cudaError_t launch_config(const RmsnormArgs& args, const Params& params, cudaStream_t stream) {
-  auto* kernel = &rmsnorm_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE,
-                                     COLUMNS_IN_REGISTERS>;
+  constexpr auto kernel = &rmsnorm_kernel<T, Epilogue, ELEMS, THREADS_PER_ROW, ROWS_PER_BLOCK, MAX_ACCESSES, STORAGE,
+                                          COLUMNS_IN_REGISTERS>;
   const size_t shared_bytes =
       STORAGE == RowStorage::kShared ? size_t(args.hidden) * sizeof(T) * 1 : 0;
   if (shared_bytes > 0) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
+    const cudaError_t err = allow_shared_bytes<kernel>(shared_bytes);
     if (err != cudaSuccess) return err;
   }
   const int64_t blocks = ceil_div<int64_t>(args.rows, ROWS_PER_BLOCK);
@@ -441,7 +476,7 @@ cudaError_t launch_config(const RmsnormArgs& args, const Params& params, cudaStr
 }
 
 // Whether all blocks of the register configuration that loads the weight with the row are
-// resident at once on the current device: the CUDA occupancy API (cached) times the SM count.
+// resident at once on the current device: the CUDA occupancy API times the SM count (both cached).
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES>
 bool fits_in_one_wave(int64_t rows) {
   static const int blocks_per_sm = [] {
@@ -451,10 +486,7 @@ bool fits_in_one_wave(int64_t rows) {
         THREADS_PER_ROW * ROWS_PER_BLOCK, 0);
     return blocks;
   }();
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return false;
+  const int sms = current_sm_count();  // 0 if unknown: the multi-wave configuration
   return ceil_div<int64_t>(rows, ROWS_PER_BLOCK) <= int64_t(blocks_per_sm) * sms;
 }
 

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -39,6 +40,71 @@ std::string number_str(double v) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.17g", v);
   return text;
+}
+
+// A device's compute capability (e.g. 90), asked of the runtime once per device (past 64 devices, every time).
+int device_capability(c10::DeviceIndex device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> known[kCachedDevices];  // 0: not asked yet
+  int capability = device < kCachedDevices ? known[device].load(std::memory_order_relaxed) : 0;
+  if (capability > 0) return capability;
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  capability = major * 10 + minor;
+  if (device < kCachedDevices) known[device].store(capability, std::memory_order_relaxed);
+  return capability;
+}
+
+// An input read as rows of its last dim: where the rows are, the stride between them, and (a broadcast input)
+// the stride between groups of `inner` rows. Taken from the tensor's sizes and strides without making a new
+// tensor (each view or reshape costs a dispatcher call on every op call); `keep` holds a copy only where the
+// layout does not collapse to those strides.
+struct RowsOf {
+  torch::Tensor keep;
+  void* data = nullptr;
+  int64_t row_stride = 0;
+  int64_t outer_stride = 0;
+};
+
+// The single stride dims [0, end) collapse to (reshape's view rule: each dim's stride is the next inner one's
+// times that one's size; dims of size 1 are skipped), `only` where every one has size 1, -1 where they do not
+// collapse.
+[[maybe_unused]] int64_t collapsed_stride(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t end, int64_t only) {
+  int64_t stride = -1, span = 1;  // the innermost collapsed dim's stride; the elements collapsed so far
+  for (int64_t d = end - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (stride < 0) stride = strides[d];
+    else if (strides[d] != stride * span) return -1;
+    span *= sizes[d];
+  }
+  return stride < 0 ? only : stride;
+}
+
+// A '*rows ...' input as [rows, width]: in place when its last dim has unit stride and its leading dims
+// collapse, else a contiguous copy.
+[[maybe_unused]] RowsOf rows_of(const torch::Tensor& t, int64_t width) {
+  const int64_t last = t.dim() - 1;
+  const int64_t stride = t.stride(last) == 1 || t.size(last) == 1 ? collapsed_stride(t.sizes(), t.strides(), last, width) : -1;
+  if (stride >= 0) return {torch::Tensor(), t.data_ptr(), stride, 0};
+  torch::Tensor copy = t.contiguous();
+  return {copy, copy.data_ptr(), width, 0};
+}
+
+// A broadcast input (each dim 1 or the lead's) as [outer, inner, hidden] over the lead's rows: a size-1 dim gets
+// stride 0, so a per-batch [B, 1, C] tensor is read in place. Broadcasts whose outer dims do not collapse are
+// copied out once (as reshape of the expanded tensor would).
+[[maybe_unused]] RowsOf broadcast_rows_of(const torch::Tensor& t, c10::IntArrayRef out_shape, int64_t inner, int64_t hidden) {
+  const int64_t n = t.dim();
+  if (t.stride(n - 1) == 1 || hidden == 1) {
+    c10::SmallVector<int64_t, 8> strides(n);
+    for (int64_t d = 0; d < n; ++d) strides[d] = t.size(d) == 1 ? 0 : t.stride(d);
+    const int64_t outer = collapsed_stride(out_shape, strides, n - 2, 0);
+    if (outer >= 0) return {torch::Tensor(), t.data_ptr(), inner > 1 ? strides[n - 2] : 0, outer};
+  }
+  torch::Tensor rows = t.expand(out_shape).reshape({-1, inner, hidden});
+  if (rows.stride(2) != 1) rows = rows.contiguous();
+  return {rows, rows.data_ptr(), rows.stride(1), rows.stride(0)};
 }
 
 }  // namespace
@@ -83,10 +149,7 @@ constexpr Plans kPlans[] = {
 
 // The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
 const Plans& plans_for(const torch::Tensor& lead, kgen_rope3d::DType dtype, const char* op) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
-  const int capability = major * 10 + minor;
+  const int capability = device_capability(lead.get_device());
   for (const Plans& plans : kPlans) {
     if (capability < plans.capability) continue;
     TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
@@ -326,10 +389,7 @@ constexpr Plans kPlans[] = {
 
 // The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
 const Plans& plans_for(const torch::Tensor& lead, kgen_rope3d_backward::DType dtype, const char* op) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, lead.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, lead.get_device()));
-  const int capability = major * 10 + minor;
+  const int capability = device_capability(lead.get_device());
   for (const Plans& plans : kPlans) {
     if (capability < plans.capability) continue;
     TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": grad_out has dtype ",
