@@ -5,6 +5,7 @@ expected."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -108,6 +109,17 @@ def load_spec(name: str) -> OpSpec:
     return _load_spec(name)
 
 
+def _did_you_mean(name: str, known: list[str]) -> str:
+    """ " (did you mean 'x'?)" for the closest known name, when one is close (ties go to the longer common
+    prefix: sm_101 is taken for sm_100, not sm_120)."""
+
+    def closeness(k: str) -> tuple[float, int]:
+        return difflib.SequenceMatcher(None, name, k).ratio(), len(os.path.commonprefix([name, k]))
+
+    best = max(known, key=closeness, default=None)
+    return f" (did you mean {best!r}?)" if best is not None and closeness(best)[0] >= 0.8 else ""
+
+
 @cache
 def _load_spec(name: str) -> OpSpec:
     load_families()
@@ -118,7 +130,10 @@ def _load_spec(name: str) -> OpSpec:
         else None
     )
     if path is None:
-        raise SpecError(f"unknown op {name!r}; known ops: {', '.join(op_names()) or '(none)'}")
+        raise SpecError(
+            f"unknown op {name!r}{_did_you_mean(name, op_names())}; "
+            f"known ops: {', '.join(op_names()) or '(none)'}"
+        )
     module_name = f"{_SPECS}.{name}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)
@@ -183,7 +198,10 @@ def load_profile(name: str) -> ArchProfile:
     load_families()
     path = data_dir("arch") / f"{name}.toml"
     if name not in arch_names():
-        raise ProfileError(f"unknown arch {name!r}; known archs: {', '.join(arch_names())}")
+        raise ProfileError(
+            f"unknown arch {name!r}{_did_you_mean(name, arch_names())}; "
+            f"known archs: {', '.join(arch_names())}"
+        )
     where = f"arch profile {name!r} ({path})"
     try:
         profile = ArchProfile.model_validate(tomllib.loads(path.read_text()))

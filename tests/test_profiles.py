@@ -101,6 +101,9 @@ def test_not_toml(arch_dir):
 def test_unknown_arch():
     with pytest.raises(
         KgenError,
-        match="unknown arch 'sm_101'; known archs: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120",
+        match=r"unknown arch 'sm_101' \(did you mean 'sm_100'\?\); known archs: sm_75, sm_80, sm_86, sm_89, "
+        "sm_90, sm_100, sm_120",
     ):
         load_profile("sm_101")
+    with pytest.raises(KgenError, match=r"unknown arch 'hopper'; known archs"):  # nothing close: no guess
+        load_profile("hopper")

@@ -346,6 +346,8 @@ def test_name_must_match_file(ops_dir):
 def test_unknown_op_lists_known_ones(ops_dir):
     with pytest.raises(KgenError, match=r"unknown op 'nope'; known ops: .*rmsnorm"):
         load_spec("nope")
+    with pytest.raises(KgenError, match=r"unknown op 'rmsnom' \(did you mean 'rmsnorm'\?\); known ops"):
+        load_spec("rmsnom")
 
 
 STRUCTURES = """
