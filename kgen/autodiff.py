@@ -91,17 +91,23 @@ def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None,
 
         given = dict(zip(order, args))
         given |= {n: torch.zeros_like(given[other]) for n, other in (stand_in or {}).items()}
-        inputs = [None if given[n] is None else given[n].detach().double().requires_grad_() for n in names]
+
+        def leaf(t):  # float64 and requiring grad; an index tensor (a label) as it is
+            return t.detach().double().requires_grad_() if t.is_floating_point() else t
+
+        inputs = [None if given[n] is None else leaf(given[n]) for n in names]
         incoming = [given[g].double() for g in grads]
         extra = {"convention": convention} if takes_convention and convention is not None else {}
         with torch.enable_grad():
             outs = reference(*inputs, *args[len(order) :], **params, **extra)
             outs = outs if isinstance(outs, tuple) else (outs,)
-            present = [t for t in inputs if t is not None]
+            present = [t for t in inputs if t is not None and t.requires_grad]
             found = iter(torch.autograd.grad(outs, present, incoming, allow_unused=True))
 
-        def grad_of(t):  # zeros for an input the outputs do not use, empty for an absent one
-            if t is None:
+        def grad_of(
+            t,
+        ):  # zeros for an input the outputs do not use, empty for an absent one, none for an index
+            if t is None or not t.requires_grad:
                 return torch.zeros(0, dtype=torch.float64)
             return torch.zeros_like(t) if (g := next(found)) is None else g
 

@@ -84,15 +84,11 @@ def example_inputs(
 ) -> list:
     """Fresh random inputs (normal, times ``magnitude``; float32 tensors in float32) for the op at
     ``shape``; None for the optional inputs that ``present`` leaves out."""
-    import torch
-
+    family, case = family_of(spec), Case(tuple(shape), per_batch, (), k_heads)
     return [
         None
         if t.optional and not (present or {}).get(t.name, True)
-        else (
-            torch.randn(tensor_shape(spec, t, shape, per_batch, k_heads), generator=generator, device="cuda")
-            * magnitude
-        ).to(torch.float32 if t.dtype == "float32" else dtype)
+        else family.example_input(spec, t, case, dtype, generator, "cuda", magnitude)
         for t in spec.inputs
     ]
 

@@ -67,10 +67,7 @@ def _check_spec(spec, generator, steps=lambda convention: 1) -> list[Result]:
             worst, where, cases = 0.0, "-", family.example_cases(spec)
             for case in cases:
                 inputs = [
-                    torch.randn(
-                        family.tensor_shape(spec, t, case), generator=generator, dtype=torch.float64
-                    ).to(torch.float32 if t.dtype == "float32" else getattr(torch, dtype))
-                    for t in spec.inputs
+                    family.example_input(spec, t, case, getattr(torch, dtype), generator) for t in spec.inputs
                 ]
                 params = case.param_values(spec)
                 math = family.evaluate(spec, inputs, params, convention)

@@ -185,8 +185,9 @@ class Tensor(_Model):
     dims: Annotated[str, Field(pattern=r"^[a-z0-9*]+( [a-z0-9*]+)*$")]
     role: Literal["input", "output"] = "input"
     # io: the op's I/O dtype (float32, float16 or bfloat16); float32 whatever it is (an output: in the row
-    # families only, e.g. the gradient of a float32 input)
-    dtype: Literal["io", "float32"] = "io"
+    # families only, e.g. the gradient of a float32 input); int64: an input of indices (a class label), in
+    # the families that take one (Structure.int_inputs)
+    dtype: Literal["io", "float32", "int64"] = "io"
     optional: bool = False
     absent_value: FiniteFloat | None = None  # the element value used when an optional input is None
     halves: tuple[Identifier, Identifier] | None = None
@@ -199,6 +200,8 @@ class Tensor(_Model):
             raise ValueError(
                 f"optional tensor {self.name!r} needs absent_value (its element value when None)"
             )
+        if self.dtype == "int64" and (self.role == "output" or self.optional):
+            raise ValueError(f"tensor {self.name!r}: an int64 tensor is a required input (indices)")
         if self.optional and self.role == "output":
             raise ValueError(f"output {self.name!r} cannot be optional")
         if (self.halves is not None) != self.packed:
@@ -270,6 +273,8 @@ class Structure(_Model):
         frozenset()
     )  # identifiers its templates declare beside the spec's names
     column_outputs: ClassVar[bool] = False  # whether outputs may be 'hidden' (a sum over the rows)
+    row_output_dims: ClassVar[tuple[str, ...]] = ("*rows hidden", "*rows 2*hidden")  # its per-row outputs'
+    int_inputs: ClassVar[bool] = False  # whether it takes int64 inputs
 
     def convention(self, name: str) -> Convention:
         return next(c for c in self.conventions if c.name == name)
@@ -371,14 +376,16 @@ class OpSpec(_Model):
         flags = [t.optional for t in self.inputs]
         if flags != sorted(flags):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
-        row_outputs = [t for t in self.outputs if t.dims in ("*rows hidden", "*rows 2*hidden")]
+        row_outputs = [t for t in self.outputs if t.dims in structure.row_output_dims]
         if not row_outputs or any(
             t not in row_outputs and not (t.column and structure.column_outputs) for t in self.outputs
         ):
             raise ValueError(
-                "an op needs '*rows hidden' (or packed '*rows 2*hidden') outputs, at least one"
+                f"an op needs {' or '.join(map(repr, structure.row_output_dims))} outputs, at least one"
                 + (", and 'hidden' outputs (summed over the rows)" if structure.column_outputs else " only")
             )
+        if not structure.int_inputs and (ints := [t.name for t in self.tensors if t.dtype == "int64"]):
+            raise ValueError(f"{ints}: {structure.kind} ops take no int64 tensors")
         self._check_reference()
         symbols = structure.check(self) | {p.name for p in self.params} | BUILTIN_SYMBOLS
         seen = set()

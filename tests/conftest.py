@@ -167,8 +167,7 @@ def reference_kernels(build_root):
                     fake = getattr(ops, name)(*meta)
                     pairs = zip(out, fake) if isinstance(out, tuple) else [(out, fake)]
                     outs = tuple(
-                        torch.empty_strided(f.shape, f.stride(), dtype=args[0].dtype).copy_(o)
-                        for o, f in pairs
+                        torch.empty_strided(f.shape, f.stride(), dtype=f.dtype).copy_(o) for o, f in pairs
                     )
                     return outs if isinstance(out, tuple) else outs[0]
 

@@ -53,7 +53,7 @@ pytestmark = pytest.mark.gpu if GPU else pytest.mark.toolchain
 def served_ops(reference_kernels):
     """The arch to build for and {op name in its library: calls}: on a GPU the device's arch and the real
     kernels; on a CPU sm_90 and each op computed by its spec's reference."""
-    return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS + ("rope",)))
+    return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS + ("rope", "cross_entropy")))
 
 
 def model_of(kind: str, config: dict, layers: int = 2, **extra):
@@ -245,6 +245,44 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
         layers = model.config.num_hidden_layers
         assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == layers * rope
     assert got.keys() == truth.keys() == dict(model.named_parameters()).keys()
+    for name, want in truth.items():
+        eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
+        assert torch.isfinite(got[name]).all(), name
+        assert kgen_err <= 1.5 * eager_err + 1e-3 * want.abs().max().item(), (
+            f"{name}: kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
+        )
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_the_loss_on_request_matches_and_its_gradients_flow(kind, served_ops, build_root):
+    """kernelize(..., OPS + ("cross_entropy",)) serves the causal-LM loss (the model's loss_function) with
+    kgen's cross-entropy on the bf16 logits: the loss and every parameter's bf16 gradient are as close to the
+    fp32 model's as transformers' own bf16 ones (which copy the logits to fp32 first); -100 labels ignored."""
+    import copy
+
+    from kernels import Mode
+
+    arch, calls = served_ops
+    config = SMALL if kind == "qwen3" else {k: v for k, v in SMALL.items() if k != "head_dim"}
+    model = model_of(kind, config).train()
+    ids, labels = (torch.randint(0, config["vocab_size"], (2, 16), device=DEVICE) for _ in range(2))
+    labels[:, :3] = -100
+    truth = grads(model, ids, labels)
+    eager_model = copy.deepcopy(model).to(torch.bfloat16)
+    eager = grads(eager_model, ids, labels)
+    kgen = copy.deepcopy(model).to(torch.bfloat16)
+    served = kernelize(kgen, OPS + ("cross_entropy",), arch=arch, root=build_root, mode=Mode.TRAINING)
+    assert served["loss_function"] == "cross_entropy (causal LM loss)"
+    before = calls.copy()
+    got = grads(kgen, ids, labels)
+    if not GPU:  # the loss and its derived backward ran once each
+        assert calls["cross_entropy"] - before["cross_entropy"] == 1
+        assert calls["cross_entropy_backward"] - before["cross_entropy_backward"] == 1
+    with torch.no_grad():
+        want_loss = model(ids, labels=labels).loss.item()
+        eager_loss, kgen_loss = (m(ids, labels=labels).loss.item() for m in (eager_model, kgen))
+    assert abs(kgen_loss - want_loss) <= 1.5 * abs(eager_loss - want_loss) + 1e-3
+    assert got.keys() == truth.keys()
     for name, want in truth.items():
         eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
         assert torch.isfinite(got[name]).all(), name

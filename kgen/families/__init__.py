@@ -1,13 +1,13 @@
 """The structure families: one module per structure kind, each owning its DSL node, checks, plan, render
-context, shapes and templates (row_reduce, elementwise, rotary, column_reduce). The core asks this registry
-for a spec's family and never which one it got. A family from outside kgen (a module on $KGEN_FAMILIES_PATH
-defining `family = ...`) is registered by kgen.catalog when specs load."""
+context, shapes and templates (row_reduce, elementwise, rotary, column_reduce, softmax_loss). The core asks
+this registry for a spec's family and never which one it got. A family from outside kgen (a module on
+$KGEN_FAMILIES_PATH defining `family = ...`) is registered by kgen.catalog when specs load."""
 
 from __future__ import annotations
 
 from ..dsl import OpSpec, Structure
 from ..errors import SpecError
-from . import column_reduce, elementwise, rotary, row_reduce
+from . import column_reduce, elementwise, rotary, row_reduce, softmax_loss
 from .base import Family
 
 _FAMILIES: dict[str, Family] = {}
@@ -54,5 +54,5 @@ def families() -> list[Family]:
     return [_FAMILIES[name] for name in sorted(_FAMILIES)]
 
 
-for _module in (row_reduce, elementwise, rotary, column_reduce):
+for _module in (row_reduce, elementwise, rotary, column_reduce, softmax_loss):
     register(_module.family)

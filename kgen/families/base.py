@@ -189,6 +189,20 @@ class Family:
         """The shapes of the generated project's own test: edge sizes and a few real ones."""
         raise NotImplementedError
 
+    def example_input(
+        self, spec: OpSpec, tensor: Tensor, case: Case, dtype, generator, device="cpu", magnitude: float = 1.0
+    ):
+        """A fresh random value of input ``tensor`` at ``case`` (what `kgen check`, the benchmark and the
+        tests feed the op): normal times ``magnitude``, in float32 for a float32 tensor, else ``dtype``. A
+        family with index inputs draws those."""
+        import torch
+
+        wide = torch.float64 if str(device) == "cpu" else torch.float32  # drawn in, before the cast
+        values = torch.randn(
+            self.tensor_shape(spec, tensor, case), generator=generator, dtype=wide, device=device
+        )
+        return (values * magnitude).to(torch.float32 if tensor.dtype == "float32" else dtype)
+
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
         """The spec's math for one convention computed on the CPU from its sympy expressions (float64, the
         convention's roundings to the inputs' dtype included): what `kgen check` compares with the

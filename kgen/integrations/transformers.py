@@ -13,14 +13,15 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..builder import build_op, device_arch
+from ..builder import build_op, device_arch, load
 from ..catalog import load_spec
 from ..errors import KgenError
 
 OPS = (
     "rmsnorm",
     "silu_mul",
-)  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" on request
+)  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" and "cross_entropy" on request
+LOSSES = ("cross_entropy",)  # ops that serve the model's loss_function (a causal LM's), not a module
 
 
 def kernelize(
@@ -36,6 +37,9 @@ def kernelize(
     holds) with that layer's, from ``root/<op>-<arch>`` (written and built when missing or stale). Returns
     {module name or function path: "<op>.<layer>"} for what now runs on kgen; refuses a model none of whose
     modules is known.
+
+    An op of LOSSES ("cross_entropy") serves the model's loss_function instead (`causal_lm_loss`), reported
+    as {"loss_function": ...}.
 
     A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts
     kernels' module for it in the function's place, as transformers does with the kernels versions it
@@ -53,7 +57,14 @@ def kernelize(
     arch = arch or device_arch()
     classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in model.modules()}
     files = {type(m).__module__ for m in model.modules()}
-    mapping, layers, functions = {}, {}, {}
+    mapping, layers, functions, losses = {}, {}, {}, {}
+    for op in (op for op in ops if op in LOSSES):
+        if not hasattr(type(model), "loss_function"):
+            raise KgenError(f"{type(model).__name__} has no loss_function for kgen's {op} to serve")
+        library = load(build_op(op, arch, root, step))
+        model.loss_function = causal_lm_loss(getattr(library, op))
+        losses["loss_function"] = f"{op} (causal LM loss)"
+    ops = tuple(op for op in ops if op not in LOSSES)
     for op in ops:
         for layer in load_spec(op).layers:
             found = {p: _replaced_by(p, classes, files) for p in layer.replaces}
@@ -76,6 +87,8 @@ def kernelize(
                     name = function.kernel_layer_name
                     functions[path] = (function, f"{op}.{layer.name}")
                 mapping[name] = {"cuda": repository}
+    if not mapping and losses and not ops:
+        return losses
     if not mapping:
         known = sorted(
             {p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces}
@@ -89,7 +102,41 @@ def kernelize(
     served = {
         name: layers[type(m)] for name, m in model.named_modules() if type(m) in layers and _replaced(m)
     }
-    return served | {path: layer for path, (function, layer) in functions.items() if _replaced(function)}
+    return (
+        served
+        | {path: layer for path, (function, layer) in functions.items() if _replaced(function)}
+        | losses
+    )
+
+
+def causal_lm_loss(cross_entropy):
+    """transformers' ForCausalLMLoss (labels shifted so token t predicts t + 1, -100 ignored, the mean over
+    the labelled tokens or the sum over ``num_items_in_batch``) with each token's loss from kgen's
+    ``cross_entropy`` on the logits as they are: no float32 copy of the [tokens, vocab] logits, and a
+    gradient written once in their dtype."""
+    import torch
+    import torch.nn.functional as F
+
+    def loss_function(
+        logits,
+        labels,
+        vocab_size: int,
+        num_items_in_batch=None,
+        ignore_index: int = -100,
+        shift_labels=None,
+        **kwargs,
+    ):
+        if shift_labels is None:
+            shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        shift_labels = shift_labels.reshape(-1).to(logits.device)
+        total = cross_entropy(logits.reshape(-1, vocab_size), shift_labels, ignore_index).sum()
+        if num_items_in_batch is None:
+            return total / (shift_labels != ignore_index).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+    return loss_function
 
 
 def _replaced_by(path: str, classes: dict, files: set):

@@ -16,7 +16,8 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
   its whole length, so every step costs the same).
 - qwen3-train: one training step (forward with the causal-LM loss on random labels, then backward; no
   optimizer) of the Qwen3-8B config cut to 4 layers at 2 × 2048 tokens; the kgen model kernelized for
-  training (RMSNorm, the SwiGLU MLP and RoPE with their derived backwards; RoPE replaces a module-level
+  training (RMSNorm, the SwiGLU MLP, RoPE and the causal-LM loss's cross-entropy with their derived
+  backwards; RoPE replaces a module-level
   function every model of the modeling file calls, so it is kgen's only while the kgen model's step runs), and
   Liger-Kernel's `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused linear
   cross-entropy) where it is installed.
@@ -82,7 +83,7 @@ def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).train()
     models = {"eager": model, "eager + kgen": copy.deepcopy(model)}
     own_rope = modeling_qwen3.apply_rotary_pos_emb
-    kernelize(models["eager + kgen"], OPS + ("rope",), mode=Mode.TRAINING, **kernelize_kwargs)
+    kernelize(models["eager + kgen"], OPS + ("rope", "cross_entropy"), mode=Mode.TRAINING, **kernelize_kwargs)
     rope = {id(models["eager + kgen"]): modeling_qwen3.apply_rotary_pos_emb}  # kgen's, for its model alone
     modeling_qwen3.apply_rotary_pos_emb = own_rope
     liger = _liger_qwen3(copy.deepcopy(model))
