@@ -299,6 +299,22 @@ CASES = [
             "unexpected keyword"
         ],
     ),
+    (
+        {
+            "tensors": GOOD["tensors"].replace(
+                'dims="hidden", optional=True', 'dims="hidden", dtype="int64", optional=True'
+            )
+        },
+        ["tensor 'weight': an int64 tensor is a required input (indices)"],
+    ),
+    (
+        {
+            "tensors": GOOD["tensors"].replace(
+                'dims="hidden", optional=True, absent_value=1.0', 'dims="hidden", dtype="int64"'
+            )
+        },
+        ["['weight']: row_reduce ops take no int64 tensors"],
+    ),
 ]
 
 
@@ -544,3 +560,52 @@ def test_generated_declarations_cannot_take_a_spec_name(op):
     assert not loose, (
         f"{op}: generated code declares {loose} beside the spec's names; add them to GENERATED_NAMES"
     )
+
+
+SOFTMAX_LOSS = """
+import sympy as sp
+from kgen.dsl import *
+from kgen.families.softmax_loss import *
+logits = sp.Symbol("logits")
+def ref(logits, label, ignore_index=-100):
+    return logits.sum(-1)
+spec = OpSpec(name="bad", summary="a test op", tensors={tensors}, params={params},
+              structure=SoftmaxLoss(logit={logit}, conventions=[
+                  Convention(name="plain", matches="-", outputs={{"loss": lse - picked}})]),
+              reference=ref)
+"""
+LOSS_TENSORS = (
+    '[Tensor(name="logits", dims="*rows hidden"), Tensor(name="label", dims="*rows", dtype="int64"), '
+    'Tensor(name="loss", dims="*rows", role="output", dtype="float32")]'
+)
+
+
+@pytest.mark.parametrize(
+    "tensors, params, logit, fragment",
+    [
+        (LOSS_TENSORS, "[]", "logits", "needs the integer param 'ignore_index'"),
+        (LOSS_TENSORS, '[Param(name="ignore_index", default=-100)]', "logits", "needs the integer param"),
+        (
+            LOSS_TENSORS.replace('dtype="int64"', 'dtype="float32"'),
+            '[Param(name="ignore_index", default=-100, integer=True)]',
+            "logits",
+            "one int64 '*rows' label",
+        ),
+        (
+            LOSS_TENSORS.replace('dtype="float32")]', 'dtype="io")]'),
+            '[Param(name="ignore_index", default=-100, integer=True)]',
+            "logits",
+            "one output of dims '*rows' and dtype float32",
+        ),
+        (
+            LOSS_TENSORS,
+            '[Param(name="ignore_index", default=-100, integer=True)]',
+            "sp.Symbol('y') * logits",
+            "structure.logit: unknown symbols ['y']",
+        ),
+    ],
+)
+def test_softmax_loss_errors(ops_dir, tensors, params, logit, fragment):
+    (ops_dir / "bad.py").write_text(SOFTMAX_LOSS.format(tensors=tensors, params=params, logit=logit))
+    with pytest.raises(KgenError, match=re.escape(fragment)):
+        load_spec("bad")
