@@ -71,7 +71,7 @@ def test_qwen3_train_runs_kgens_rope_in_the_kgen_models_step_alone(reference_ker
 
     from kgen.integrations.workloads import BUILDERS
 
-    calls = reference_kernels(kgen_transformers.OPS + ("rope",))
+    calls = reference_kernels(kgen_transformers.OPS + ("rope", "cross_entropy"))
     own = modeling_qwen3.apply_rotary_pos_emb
     kwargs = dict(root=build_root, arch="sm_90", step=lambda _: None)
     models, workloads = BUILDERS["qwen3-train"](torch, "cpu", SMALL["qwen3"], kwargs, 1, lambda _: None)
@@ -99,6 +99,7 @@ def test_qwen3_train_runs_kgens_rope_in_the_kgen_models_step_alone(reference_ker
         layers = SMALL["qwen3"]["num_hidden_layers"]
         assert calls["rope_transformers"] - before["rope_transformers"] == runs * layers, variant
         assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == runs * layers
+        assert calls["cross_entropy_backward"] - before["cross_entropy_backward"] == runs  # the loss's
         assert modeling_qwen3.apply_rotary_pos_emb is own  # and left as it was for what runs next
 
 
@@ -106,7 +107,7 @@ def test_qwen3_train_runs_kgens_rope_in_the_kgen_models_step_alone(reference_ker
 @pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux", "wan"])
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
     ops = kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS
-    calls = reference_kernels(ops + (kgen_wan.OPS if target == "wan" else ()) + ("rope",))
+    calls = reference_kernels(ops + (kgen_wan.OPS if target == "wan" else ()) + ("rope", "cross_entropy"))
     before = calls.copy()
     result = run_e2e(
         target,
