@@ -235,7 +235,7 @@ class Param(_Model):
     binding refuse values <= 0."""
 
     name: Identifier
-    default: FiniteFloat
+    default: FiniteFloat  # held as an int for integer params (below)
     positive: bool = False
     integer: bool = False
     doc: Text = ""
@@ -244,6 +244,8 @@ class Param(_Model):
     def _integer(self) -> Param:
         if self.integer and self.default != int(self.default):
             raise ValueError(f"integer param {self.name!r} needs an integer default, got {self.default}")
+        # the default as the binding's schema takes it (an int param refuses -100.0)
+        object.__setattr__(self, "default", int(self.default) if self.integer else float(self.default))
         if self.positive and not self.default > 0:
             raise ValueError(f"param {self.name!r} is positive: its default must be > 0, got {self.default}")
         return self

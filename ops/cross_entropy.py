@@ -17,11 +17,12 @@ logits = sp.Symbol("logits")
 
 
 def cross_entropy_ref(logits: torch.Tensor, label: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """float64 reference: each row's loss, 0 where the label is ignore_index."""
+    """float64 reference: each row's loss, 0 where the label is ignore_index. The log-softmax with the row's
+    max taken out, as F.cross_entropy computes it: a +inf score gives NaN (inf - inf), not inf."""
     x = logits.double()
     kept = label != ignore_index
     index = torch.where(kept, label, torch.zeros_like(label)).unsqueeze(-1)
-    loss = torch.logsumexp(x, dim=-1) - x.gather(-1, index).squeeze(-1)
+    loss = -torch.log_softmax(x, dim=-1).gather(-1, index).squeeze(-1)
     return torch.where(kept, loss, torch.zeros_like(loss))
 
 

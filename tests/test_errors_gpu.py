@@ -68,8 +68,10 @@ def bad_calls(op):
             params[i] = value
         return inputs, params
 
+    lead = spec.inputs[0].name
     for i, t in enumerate(spec.inputs):
         name = re.escape(t.name)
+        integral = "|must be int64" if t.dtype == "int64" else ""
         yield (
             f"{t.name} on the CPU",
             *variant((i, lambda v: v.cpu())),
@@ -80,15 +82,15 @@ def bad_calls(op):
             f"{t.name} float64",
             *variant((i, lambda v: v.double())),
             TypeError,
-            rf"{op}: {name} (has dtype Double|must be float32)",
+            rf"{op}: {name} (has dtype Double|must be float32{integral})",
         )
-        if t.name != "x":
-            other = torch.float32 if t.dtype == "io" else torch.float16  # x is bfloat16
+        if t.name != lead:
+            other = torch.float32 if t.dtype in ("io", "int64") else torch.float16  # the lead is bfloat16
             yield (
                 f"{t.name} {other}",
                 *variant((i, lambda v: v.to(other))),
                 TypeError,
-                rf"{op}: {name} (has dtype Float but x has BFloat16|must be float32)",
+                rf"{op}: {name} (has dtype Float but {lead} has BFloat16|must be float32{integral})",
             )
             yield (
                 f"{t.name} with 2 more in its last dim",
@@ -106,10 +108,10 @@ def bad_calls(op):
                 rf"{op}: {name} must broadcast to \[2, 3, 64\]",
             )
     yield (
-        "x 0-dim",
+        f"{lead} 0-dim",
         *variant((0, lambda v: v.flatten()[0])),
         ValueError,
-        rf"{op}: x must have (at least one dim|1 to 4 dims)",
+        rf"{op}: {lead} must have (at least one dim|1 to 4 dims)",
     )
     if spec.structure.kind == "rotary" or spec.inputs[0].packed:
         yield (
@@ -165,7 +167,7 @@ def test_nan_and_inf_propagate_as_in_the_reference(fns, op, dtype):
     gen = torch.Generator(device="cuda").manual_seed(17)
     inputs, params = valid_call(op, dtype, gen, shape=(2, 24, 256) if op in ROTARY else (4, 5, 256))
     for t, tensor in zip(inputs, spec.inputs):
-        if t is None or tensor.dims == COORDINATES:
+        if t is None or tensor.dims == COORDINATES or tensor.dtype == "int64":  # positions, class labels
             continue
         flat = t.view(-1)
         where = torch.randperm(flat.numel(), generator=gen, device="cuda")[:6]

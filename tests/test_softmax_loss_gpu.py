@@ -60,15 +60,25 @@ def assert_loss_close(got, want, hidden):
     )
 
 
-def assert_grad_close(got, want, dtype):
-    """Each element rounded once to the dtype, after fp32 math whose error is relative to the row's largest
-    softmax term (at most the incoming gradient)."""
+def assert_grad_close(got, want, dtype, logits, label, grad):
+    """Each element g·(p - [label]) rounded once to the dtype, after fp32 math: p = exp(z - lse) is off by
+    the roundings of its argument (relative to |z| + |lse|) and of the log-sum-exp's sum (as in
+    assert_loss_close), and p - 1 at the label by a rounding of 1. The scores are the logits as they are
+    (cross_entropy's logit is the identity)."""
     assert got.dtype == dtype and got.shape == want.shape
     ulp = 2.0 ** -MANTISSA_BITS[dtype]
-    scale = want.abs().amax(-1, keepdim=True)
-    bound = ulp * want.abs() + 1e-5 * scale + torch.finfo(dtype).smallest_normal
+    z = logits.double()
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    p = (z - lse).exp()
+    hit = torch.zeros_like(z).scatter_(-1, label.clamp_min(0).unsqueeze(-1), 1.0)
+    rel = (4 * z.shape[-1] ** 0.5 + 16 + z.abs() + lse.abs()) * 2.0**-24
+    fp32 = 2 * grad.double().abs().unsqueeze(-1) * (p * rel + hit * 2.0**-24)
+    bound = ulp * want.abs() + fp32 + torch.finfo(dtype).smallest_normal
     ok = ((got.double() - want).abs() <= bound) | (torch.isnan(got) & torch.isnan(want))
-    assert ok.all(), f"{int((~ok).sum())} of {ok.numel()} gradient elements off"
+    assert ok.all(), (
+        f"{int((~ok).sum())} of {ok.numel()} gradient elements off: worst "
+        f"{((got.double() - want).abs() / bound).max()}"
+    )
 
 
 @st.composite
@@ -102,7 +112,7 @@ def test_loss_and_gradient_match_float64(libraries, case):
     assert_loss_close(loss, reference_loss(op, logits, label), logits.shape[-1])
     grad = torch.randn(loss.shape, device="cuda")
     (got,) = torch.autograd.grad(loss, leaf, grad)
-    assert_grad_close(got, reference_grad(op, logits, label, grad), dtype)
+    assert_grad_close(got, reference_grad(op, logits, label, grad), dtype, logits, label, grad)
 
 
 @pytest.mark.parametrize("shape", [(7, 1000), (3, 32001), (2, 151936)])
@@ -150,8 +160,10 @@ def test_zero_stride_gradient_of_the_mean_and_runs_repeat_bitwise(libraries):
         libraries["cross_entropy"].cross_entropy(leaf, label).mean().backward()  # grad: expanded, stride 0
         grads.append(leaf.grad)
     assert torch.equal(grads[0], grads[1])
-    want = reference_grad("cross_entropy", logits, label, torch.full(label.shape, 1 / 64, device="cuda"))
-    assert_grad_close(grads[0], want, logits.dtype)
+    grad = torch.full(label.shape, 1 / 64, device="cuda")
+    assert_grad_close(
+        grads[0], reference_grad("cross_entropy", logits, label, grad), logits.dtype, logits, label, grad
+    )
 
 
 def test_opcheck_and_compiled_training_step(libraries):

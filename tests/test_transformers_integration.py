@@ -176,19 +176,24 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
 
 def test_a_training_step_compiles_whole_with_rope(served_ops, build_root, monkeypatch):
     """kernelize(mode=Mode.TRAINING) with the rotary embedding: dynamo traces a training step's forward (the
-    loss included) as one graph, kgen's layers and the rotary function inside it."""
+    loss included) as one graph, kgen's layers and the rotary function inside it; the loss served on request
+    is transformers' own there (Inductor fuses it with the returned logits' gradient)."""
     from kernels import Mode
 
+    arch, calls = served_ops
     modeling = transformers.models.qwen3.modeling_qwen3
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # put back after
     model = model_of("qwen3", SMALL).train().to(torch.bfloat16)
-    kernelize(model, OPS + ("rope",), arch=served_ops[0], root=build_root, mode=Mode.TRAINING)
+    kernelize(model, OPS + ("rope", "cross_entropy"), arch=arch, root=build_root, mode=Mode.TRAINING)
     ids, labels = (torch.randint(0, SMALL["vocab_size"], (2, 16), device=DEVICE) for _ in range(2))
     torch._dynamo.reset()
+    before = calls.copy()
     explained = torch._dynamo.explain(lambda i, y: model(i, labels=y, use_cache=False).loss)(ids, labels)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
     assert all(op in code for op in ("rmsnorm_transformers", "silu_mul_transformers", "rope_transformers"))
+    assert "torch.nn.functional.cross_entropy" in code
+    assert calls["cross_entropy"] == before["cross_entropy"]
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a CUDA device")

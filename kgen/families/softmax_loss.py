@@ -313,7 +313,8 @@ class SoftmaxLossFamily(Family):
         ignore = int(values[IGNORE])
         kept = label != ignore
         index = torch.where(kept, label, 0).unsqueeze(-1)
-        row_lse = torch.logsumexp(z, dim=-1)
+        top = z.amax(-1, keepdim=True)  # taken out as the kernel does: a +inf score gives NaN (inf - inf)
+        row_lse = (top + torch.exp(z - top).sum(-1, keepdim=True).log()).squeeze(-1)
         expr = structure.convention(convention).outputs[spec.outputs[0].name]
         if not structure.gradient:
             loss = evaluate(expr, values | {"lse": row_lse, "picked": z.gather(-1, index).squeeze(-1)}, io)
