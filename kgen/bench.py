@@ -84,13 +84,8 @@ def example_inputs(
 ) -> list:
     """Fresh random inputs (normal, times ``magnitude``; float32 tensors in float32) for the op at
     ``shape``; None for the optional inputs that ``present`` leaves out."""
-    family, case = family_of(spec), Case(tuple(shape), per_batch, (), k_heads)
-    return [
-        None
-        if t.optional and not (present or {}).get(t.name, True)
-        else family.example_input(spec, t, case, dtype, generator, "cuda", magnitude)
-        for t in spec.inputs
-    ]
+    case = Case(tuple(shape), per_batch, (), k_heads)
+    return family_of(spec).example_inputs(spec, case, dtype, generator, "cuda", magnitude, present)
 
 
 class Timer:

@@ -66,9 +66,7 @@ def _check_spec(spec, generator, steps=lambda convention: 1) -> list[Result]:
             atol, rtol = (steps(convention) * t for t in family.check_tolerance(spec, *tolerance))
             worst, where, cases = 0.0, "-", family.example_cases(spec)
             for case in cases:
-                inputs = [
-                    family.example_input(spec, t, case, getattr(torch, dtype), generator) for t in spec.inputs
-                ]
+                inputs = family.example_inputs(spec, case, getattr(torch, dtype), generator)
                 params = case.param_values(spec)
                 math = family.evaluate(spec, inputs, params, convention)
                 reference = spec.reference(

@@ -336,12 +336,13 @@ def project_context(
 
 
 def _backward_glue(forward: OpSpec, backward: OpSpec) -> dict[str, list[str]]:
-    """The autograd backward's arguments to the backward op (the forward's inputs it reads, saved, and the
-    outputs' incoming gradients), each forward input's gradient in its result (its output, one it shares, or
-    none: a constant, which the autograd refuses requiring a gradient)."""
+    """The autograd backward's arguments to the backward op (the forward's inputs and outputs it reads,
+    saved, and the outputs' incoming gradients), each forward input's gradient in its result (its output, one
+    it shares, or none: a constant, which the autograd refuses requiring a gradient)."""
     read = {t.name for t in backward.inputs}
     saved = [t for t in forward.inputs if t.name in read]
-    given = {t.name: f"saved[{i}]" for i, t in enumerate(saved)}
+    saved_outputs = [t for t in forward.outputs if t.name in read]
+    given = {t.name: f"saved[{i}]" for i, t in enumerate(saved + saved_outputs)}
     given |= {gradient_name(t.name): f"grads[{i}]" for i, t in enumerate(forward.outputs)}
     optional = "{0}.defined() ? std::optional<torch::Tensor>({0}) : std::nullopt"
     outs, gradients = [t.name for t in backward.outputs], gradient_outputs(forward, backward)
@@ -356,7 +357,13 @@ def _backward_glue(forward: OpSpec, backward: OpSpec) -> dict[str, list[str]]:
         results.append(f"{given[t.name]}.defined() ? {got} : torch::Tensor()" if t.optional else got)
     calls = [optional.format(given[t.name]) if t.optional else given[t.name] for t in backward.inputs]
     constants = [t for t in forward.inputs if t.name not in gradients]
-    return {"call": calls, "results": results, "saved": saved, "constants": constants}
+    return {
+        "call": calls,
+        "results": results,
+        "saved": saved,
+        "saved_outputs": [forward.outputs.index(t) for t in saved_outputs],
+        "constants": constants,
+    }
 
 
 def _fields(obj) -> dict:

@@ -1,10 +1,12 @@
 """Softmax losses (cross_entropy) on the GPU: hypothesis property tests of the loss and its derived gradient
 against float64 references (rows, vocabulary sizes with odd and huge rows, dtypes, magnitudes, labels with
 ignored rows, strided scores), against F.cross_entropy on float32 logits (what transformers computes), bad
-labels giving NaN, a zero-stride incoming gradient (the mean's), opcheck, a compiled training step with no
-graph break, and gradients that repeat bitwise."""
+labels giving NaN, a zero-stride incoming gradient (the mean's), the gradient's log-sum-exp taken from the
+saved loss, opcheck, a compiled training step with no graph break, and gradients that repeat bitwise."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -40,10 +42,13 @@ def reference_loss(op, logits, label):
     return spec.reference(logits, label, *[p.default for p in spec.params])
 
 
-def reference_grad(op, logits, label, grad):
+def reference_grad(op, logits, label, loss, grad):
+    """float64 autograd of the reference; the backward op's inputs in its order (the forward's saved loss
+    among them, which the reference recomputes)."""
     spec = load_spec(op)
     back = family_of(spec).backward(spec)
-    (found,) = back.reference(logits, label, grad, *[p.default for p in spec.params])
+    given = {"logits": logits, "label": label, "loss": loss, "grad_loss": grad}
+    (found,) = back.reference(*[given[t.name] for t in back.inputs], *[p.default for p in spec.params])
     return found
 
 
@@ -112,7 +117,7 @@ def test_loss_and_gradient_match_float64(libraries, case):
     assert_loss_close(loss, reference_loss(op, logits, label), logits.shape[-1])
     grad = torch.randn(loss.shape, device="cuda")
     (got,) = torch.autograd.grad(loss, leaf, grad)
-    assert_grad_close(got, reference_grad(op, logits, label, grad), dtype, logits, label, grad)
+    assert_grad_close(got, reference_grad(op, logits, label, loss, grad), dtype, logits, label, grad)
 
 
 @pytest.mark.parametrize("shape", [(7, 1000), (3, 32001), (2, 151936)])
@@ -162,8 +167,37 @@ def test_zero_stride_gradient_of_the_mean_and_runs_repeat_bitwise(libraries):
     assert torch.equal(grads[0], grads[1])
     grad = torch.full(label.shape, 1 / 64, device="cuda")
     assert_grad_close(
-        grads[0], reference_grad("cross_entropy", logits, label, grad), logits.dtype, logits, label, grad
+        grads[0],
+        reference_grad(
+            "cross_entropy", logits, label, libraries["cross_entropy"].cross_entropy(logits, label), grad
+        ),
+        logits.dtype,
+        logits,
+        label,
+        grad,
     )
+
+
+def test_the_gradient_takes_the_log_sum_exp_from_the_saved_loss(libraries):
+    """The backward reads each row once: its log-sum-exp is the forward's saved loss plus the score at the
+    label. A loss off by 1 scales every softmax term by e^-1; the loss changed in place after the forward is
+    refused by autograd, not used."""
+    ops = libraries["cross_entropy"]._ops.ops
+    logits, label = inputs_at("cross_entropy", (8, 5000), torch.float32, 4)
+    label = label.clamp_min(0)  # every row labelled
+    loss = ops.cross_entropy(logits, label, -100)
+    grad = torch.rand_like(loss)
+    got = ops.cross_entropy_backward(logits, label, loss + 1, grad, -100)
+    z = logits.double()
+    p = torch.softmax(z, -1)
+    hit = torch.zeros_like(z).scatter_(-1, label.unsqueeze(-1), 1.0)
+    want = grad.double().unsqueeze(-1) * (p * math.exp(-1) - hit)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-7)
+    leaf = logits.clone().requires_grad_()
+    out = libraries["cross_entropy"].cross_entropy(leaf, label)
+    out.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
 
 
 def test_opcheck_and_compiled_training_step(libraries):

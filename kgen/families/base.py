@@ -189,6 +189,18 @@ class Family:
         """The shapes of the generated project's own test: edge sizes and a few real ones."""
         raise NotImplementedError
 
+    def example_inputs(
+        self, spec: OpSpec, case: Case, dtype, generator, device="cpu", magnitude=1.0, present=None
+    ) -> list:
+        """Every input's example value (``example_input``), None for an optional one ``present`` leaves out;
+        a family whose inputs depend on each other (a saved forward output) fills them in together."""
+        return [
+            None
+            if t.optional and not (present or {}).get(t.name, True)
+            else self.example_input(spec, t, case, dtype, generator, device, magnitude)
+            for t in spec.inputs
+        ]
+
     def example_input(
         self, spec: OpSpec, tensor: Tensor, case: Case, dtype, generator, device="cpu", magnitude: float = 1.0
     ):

@@ -5,8 +5,10 @@ DSL: `SoftmaxLoss(logit, conventions)`: `logit` is the score an element of the l
 lead's own symbol, or e.g. a soft cap of it); each convention gives the row's loss in `lse` (the fp32
 log-sum-exp of the row's scores) and `picked` (the score at the row's label). A row whose label is the
 `ignore_index` param has loss 0 and gradient 0. Plan: one block per row streams the row (an online max and
-sum in fp32; the gradient reads the row a second time to write it), the block size by row length (profile
-[planner] block_threads). Templates: codegen_templates/softmax_loss/."""
+sum in fp32), the block size by row length (profile [planner] block_threads). The gradient takes the row's
+log-sum-exp from the forward's saved loss and the picked score where sympy inverts the loss for it (lse =
+loss + picked for cross-entropy), so it reads the row once; otherwise it recomputes it (a second read).
+Templates: codegen_templates/softmax_loss/."""
 
 from __future__ import annotations
 
@@ -45,12 +47,15 @@ SMALL_ROW = 4096  # elements: rows up to this many take the small block (a row p
 
 class SoftmaxLoss(Structure):
     """Inputs: the lead ('*rows hidden', the scores), one int64 '*rows' label, and for the gradient one
-    float32 '*rows' incoming gradient. Outputs: one float32 '*rows' loss, or (the gradient) one '*rows hidden'
-    gradient of the lead. Params: an integer ``ignore_index``, and any the logit reads."""
+    float32 '*rows' incoming gradient (after the forward's saved loss where ``lse_from`` reads it). Outputs:
+    one float32 '*rows' loss, or (the gradient) one '*rows hidden' gradient of the lead. Params: an integer
+    ``ignore_index``, and any the logit reads."""
 
     kind: str = "softmax_loss"
     logit: SympyExpr
     gradient: bool = False  # the derived backward (see SoftmaxLossFamily.backward)
+    # the gradient's row log-sum-exp from the forward's saved loss (its symbol) and `picked`, else recomputed
+    lse_from: SympyExpr | None = None
 
     dims = ("*rows hidden", "*rows")
     row_output_dims = ("*rows", "*rows hidden")
@@ -82,6 +87,7 @@ class SoftmaxLoss(Structure):
             "valid",
             "top",
             "acc",
+            "saved",
         }
     )
 
@@ -98,8 +104,16 @@ class SoftmaxLoss(Structure):
                 "for its "
                 f"gradient, one float32 '*rows' incoming gradient; got {[t.name for t in spec.inputs]}"
             )
-        if len(floats) != int(self.gradient):
-            raise ValueError("only the gradient takes a float32 '*rows' input (the loss's incoming gradient)")
+        saved, _ = self.row_floats(spec)
+        if len(floats) != int(self.gradient) + (saved is not None):
+            raise ValueError(
+                "only the gradient takes float32 '*rows' inputs: the loss's incoming gradient, after the "
+                "forward's saved loss where lse_from reads it"
+            )
+        if self.lse_from is not None:
+            if not self.gradient or saved is None:
+                raise ValueError("structure.lse_from: a gradient's, reading its first float32 '*rows' input")
+            check_symbols(self.lse_from, {saved.name, "picked"}, "structure.lse_from", rounds=False)
         want = ("*rows hidden", "io") if self.gradient else ("*rows", "float32")
         if len(spec.outputs) != 1 or (spec.outputs[0].dims, spec.outputs[0].dtype) != want:
             raise ValueError(
@@ -114,8 +128,15 @@ class SoftmaxLoss(Structure):
         params = {p.name for p in spec.params}
         check_symbols(self.logit, {lead.name} | params, "structure.logit", rounds=False)
         if self.gradient:
-            return {"probability", "is_label", lead.name, floats[0].name}
+            return {"probability", "is_label", lead.name, floats[-1].name}
         return {"lse", "picked"}
+
+    def row_floats(self, spec: OpSpec) -> tuple[Tensor | None, Tensor | None]:
+        """The gradient's float32 '*rows' inputs: the forward's saved loss (the first, if lse_from) and the
+        incoming gradient (the last)."""
+        floats = [t for t in spec.inputs if t.dims == "*rows" and t.dtype == "float32"]
+        saved = floats[0] if self.lse_from is not None and len(floats) == 2 else None
+        return saved, floats[-1] if self.gradient and floats else None
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,8 @@ class SoftmaxLossContext(FamilyContext):
     logit_lines: list[str]  # sets z from x (the element's fp32 value)
     label: Tensor
     incoming: Tensor | None  # the gradient's incoming per-row gradient
+    saved: Tensor | None  # the forward's saved loss the gradient's row log-sum-exp comes from
+    lse_lines: list[str]  # sets lse from saved (the saved loss) and picked
     gradient: bool
     int_params: list[str]  # params the kernel takes as int64 (the ignore index)
     small_row: int
@@ -153,10 +176,12 @@ class SoftmaxLossFamily(Family):
             "at most "
             f"{SMALL_ROW} elements: every thread still has accesses of its own",
             "rows_per_block": "one row per block: the block combines its threads' running max and sum once",
-            "storage": "the row is streamed: an online max and sum in fp32 registers"
+            "storage": f"the row streamed once, its log-sum-exp lse = {spec.structure.lse_from} from the "
+            "forward's saved loss"
+            if spec.structure.lse_from is not None
+            else "the row streamed: an online max and sum in fp32 registers"
             + (
-                "; the gradient streams it again to write each element (the row's log-sum-exp is "
-                "recomputed, not saved: one more read of the scores)"
+                "; then again to write the gradient (no saved loss to solve for lse)"
                 if spec.structure.gradient
                 else ""
             ),
@@ -198,16 +223,17 @@ class SoftmaxLossFamily(Family):
     @staticmethod
     def traffic(spec: OpSpec, case: Case, elem: int) -> int:
         """The minimum: the scores read once (and the gradient written once), the labels, the per-row
-        floats. The gradient's kernel reads the scores twice (the log-sum-exp is recomputed, not saved)."""
+        floats. Without lse_from the gradient's kernel reads the scores twice (the log-sum-exp recomputed)."""
         rows, hidden = case.rows, case.shape[-1]
         row_passes = 2 if spec.structure.gradient else 1
-        return rows * hidden * elem * row_passes + rows * (8 + 4 + 4 * spec.structure.gradient)
+        floats = 1 + spec.structure.gradient + (spec.structure.lse_from is not None)
+        return rows * hidden * elem * row_passes + rows * (8 + 4 * floats)
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[KernelPlan]) -> SoftmaxLossContext:
         structure = spec.structure
         names = printed_names(spec) | {spec.lead.name: "x"}
         label = next(t for t in spec.inputs if t.dtype == "int64")
-        incoming = next((t for t in spec.inputs if t.dims == "*rows" and t.dtype == "float32"), None)
+        saved, incoming = structure.row_floats(spec)
         if structure.gradient:
             names |= {"probability": "p", "is_label": "hit", incoming.name: "g"}
         conventions = convention_code(spec, names)
@@ -224,6 +250,10 @@ class SoftmaxLossFamily(Family):
             logit_lines=statements({"z": structure.logit}, names),
             label=label,
             incoming=incoming,
+            saved=saved,
+            lse_lines=[]
+            if saved is None
+            else statements({"lse": structure.lse_from}, names | {saved.name: "saved", "picked": "picked"}),
             gradient=structure.gradient,
             int_params=[p.name for p in spec.params if p.integer],
             small_row=SMALL_ROW,
@@ -249,14 +279,45 @@ class SoftmaxLossFamily(Family):
         dropped = torch.randint(0, 5, shape, generator=generator, device=device) == 0
         return torch.where(dropped, torch.full_like(label, ignore), label)
 
+    def example_inputs(
+        self, spec: OpSpec, case: Case, dtype, generator, device="cpu", magnitude=1.0, present=None
+    ) -> list:
+        """As any family's; a gradient's saved loss is then the forward's loss of those scores and labels
+        (the inverse of lse_from, in float64, rounded to float32; 0 where the label is ignored)."""
+        inputs = super().example_inputs(spec, case, dtype, generator, device, magnitude, present)
+        saved, _ = spec.structure.row_floats(spec)
+        if saved is not None:
+            (loss,) = sp.solve(sp.Eq(lse, spec.structure.lse_from), sp.Symbol(saved.name))
+            values, _, kept = self._rows(spec, inputs, case.param_values(spec))
+            value = evaluate(loss, values, io_rounding(inputs[0].dtype))
+            inputs[[t.name for t in spec.inputs].index(saved.name)] = value.where(kept, 0.0).float()
+        return inputs
+
+    def _rows(self, spec: OpSpec, inputs: list, params: list):
+        """Float64: the values bound (scalars, the lead, each row's lse of its scores with the max taken out
+        as the kernel does, so a +inf score gives NaN, and the score picked at its label), z, and whether
+        each row's label is kept (not ignore_index)."""
+        import torch
+
+        lead = inputs[0]
+        label = inputs[[t.dtype for t in spec.inputs].index("int64")]
+        values = scalar_values(spec, params, lead.shape[-1]) | {spec.lead.name: lead.double()}
+        z = evaluate(spec.structure.logit, values, io_rounding(lead.dtype)).expand(lead.shape)
+        kept = label != int(values[IGNORE])
+        top = z.amax(-1, keepdim=True)
+        values["lse"] = (top + torch.exp(z - top).sum(-1, keepdim=True).log()).squeeze(-1)
+        values["picked"] = z.gather(-1, torch.where(kept, label, 0).unsqueeze(-1)).squeeze(-1)
+        return values, z, kept
+
     def example_cases(self, spec: OpSpec) -> list[Case]:
         return [Case(s) for s in [(1, 1), (3, 7), (4, 1000), (2, 5, 4096), (3, 32001), (2, 151936)]]
 
     def backward(self, spec: OpSpec) -> OpSpec | None:
         """The gradient of the loss with respect to the scores' input, from the convention's loss
         L(lse, picked) and the logit z(x): g · (∂L/∂lse · softmax + ∂L/∂picked · [at the label]) · dz/dx,
-        g the row's incoming gradient. The scores are read again (not saved); the label gets no
-        gradient."""
+        g the row's incoming gradient; the label gets no gradient. Where every convention's loss solves for
+        lse alone (sympy), the gradient reads the forward's loss (saved) and takes lse from it and the
+        picked score instead of reading the row a second time."""
         structure = spec.structure
         if structure.gradient:
             return None
@@ -264,6 +325,12 @@ class SoftmaxLossFamily(Family):
         label = next(t for t in spec.inputs if t.dtype == "int64")
         g = sp.Symbol(gradient_name(out.name))
         dz = derivative(structure.logit, lead.name)
+        loss = sp.Symbol(out.name)
+        solved = {tuple(sp.solve(sp.Eq(loss, c.outputs[out.name]), lse)) for c in structure.conventions}
+        lse_from = solved.pop()[0] if len(solved) == 1 and len(next(iter(solved), ())) == 1 else None
+        if lse_from is not None and not lse_from.free_symbols <= {loss, picked}:
+            lse_from = None
+        saved = [Tensor(name=out.name, dims="*rows", dtype="float32", doc=f"the forward's {out.name}")]
         conventions = [
             Convention(
                 name=c.name,
@@ -285,6 +352,7 @@ class SoftmaxLossFamily(Family):
             tensors=[
                 lead,
                 label,
+                *(saved if lse_from is not None else []),
                 Tensor(name=g.name, dims="*rows", dtype="float32", doc=f"the gradient of {out.name}"),
                 Tensor(
                     name=gradient_name(lead.name),
@@ -294,8 +362,14 @@ class SoftmaxLossFamily(Family):
                 ),
             ],
             params=spec.params,
-            structure=SoftmaxLoss(logit=structure.logit, gradient=True, conventions=conventions),
-            reference=backward_reference(spec, returns=[lead.name]),
+            structure=SoftmaxLoss(
+                logit=structure.logit, gradient=True, lse_from=lse_from, conventions=conventions
+            ),
+            reference=backward_reference(
+                spec,
+                order=[lead.name, label.name, *([out.name] if lse_from is not None else []), g.name],
+                returns=[lead.name],
+            ),
         )
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
@@ -305,33 +379,25 @@ class SoftmaxLossFamily(Family):
         import torch
 
         structure = spec.structure
-        lead = inputs[0]
-        label = inputs[[t.dtype for t in spec.inputs].index("int64")]
-        values = scalar_values(spec, params, lead.shape[-1]) | {spec.lead.name: lead.double()}
+        lead, names = inputs[0], [t.name for t in spec.inputs]
         io = io_rounding(lead.dtype)
-        z = evaluate(structure.logit, values, io).expand(lead.shape)
-        ignore = int(values[IGNORE])
-        kept = label != ignore
-        index = torch.where(kept, label, 0).unsqueeze(-1)
-        top = z.amax(-1, keepdim=True)  # taken out as the kernel does: a +inf score gives NaN (inf - inf)
-        row_lse = (top + torch.exp(z - top).sum(-1, keepdim=True).log()).squeeze(-1)
+        values, z, kept = self._rows(spec, inputs, params)
         expr = structure.convention(convention).outputs[spec.outputs[0].name]
         if not structure.gradient:
-            loss = evaluate(expr, values | {"lse": row_lse, "picked": z.gather(-1, index).squeeze(-1)}, io)
-            return (torch.where(kept, loss, torch.zeros_like(row_lse)),)
-        incoming = inputs[2].double().unsqueeze(-1)
-        hit = torch.zeros_like(z).scatter_(-1, index, 1.0)
-        grad = evaluate(
-            expr,
-            values
-            | {
-                "probability": torch.exp(z - row_lse.unsqueeze(-1)),
-                "is_label": hit,
-                spec.inputs[2].name: incoming,
-            },
-            io,
-        ).expand(lead.shape)
-        return (torch.where(kept.unsqueeze(-1), grad, torch.zeros_like(grad)),)
+            return (evaluate(expr, values, io).where(kept, 0.0),)
+        saved, incoming = structure.row_floats(spec)
+        if saved is not None:  # as the kernel takes it: from the saved loss and the picked score
+            values["lse"] = evaluate(
+                structure.lse_from, values | {saved.name: inputs[names.index(saved.name)].double()}, io
+            )
+        label = inputs[names.index(next(t.name for t in spec.inputs if t.dtype == "int64"))]
+        values |= {
+            "probability": torch.exp(z - values["lse"].unsqueeze(-1)),
+            "is_label": torch.zeros_like(z).scatter_(-1, torch.where(kept, label, 0).unsqueeze(-1), 1.0),
+            incoming.name: inputs[names.index(incoming.name)].double().unsqueeze(-1),
+        }
+        grad = evaluate(expr, values, io).expand(lead.shape)
+        return (grad.where(kept.unsqueeze(-1), 0.0),)
 
     def check_tolerance(self, spec: OpSpec, atol: float, rtol: float) -> tuple[float, float]:
         return max(atol, 1e-9), max(rtol, 1e-9)

@@ -10,5 +10,5 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& la
 
 namespace cross_entropy_backward_binding {
 // cross_entropy_backward: convention single_rounding (the gradient of single_rounding)
-torch::Tensor cross_entropy_backward(const torch::Tensor& logits, const torch::Tensor& label, const torch::Tensor& grad_loss, int64_t ignore_index);
+torch::Tensor cross_entropy_backward(const torch::Tensor& logits, const torch::Tensor& label, const torch::Tensor& loss, const torch::Tensor& grad_loss, int64_t ignore_index);
 }  // namespace cross_entropy_backward_binding

@@ -75,8 +75,6 @@ template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { retur
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 namespace {
-
-constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int64_t kSmallRow = 4096;  // elements: rows up to this many take the small block
 constexpr int kUnroll = 4;  // a thread's accesses in flight at once (loads issued before the math)
@@ -107,62 +105,10 @@ struct Convention_single_rounding {
   }
 };
 
-// ---------------------------------------------------------------------------------------------
-// The row's log-sum-exp: a running max m and sum s of exp(z - m) per thread, folded together across the
-// block (fp32 throughout). NaN anywhere in the row makes the sum NaN; a row of -inf scores has m = -inf.
-// ---------------------------------------------------------------------------------------------
-struct MaxSum {
-  float m;
-  float s;
-};
-
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, a.s + b.s};  // both empty so far (0), or NaN carried in s
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-
-template <typename T, int ELEMS, int THREADS>
-__device__ float row_lse(const T* __restrict__ row, int64_t hidden, const Params& params) {
-  using Access = Pack<T, ELEMS>;
-  MaxSum acc{-INFINITY, 0.0f};
-  const int64_t accesses = hidden / ELEMS;
-#pragma unroll kUnroll
-  for (int64_t i = threadIdx.x; i < accesses; i += THREADS) {
-    const Access v = reinterpret_cast<const Access*>(row)[i];
-    float z[ELEMS];
-    float top = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < ELEMS; ++j) {
-      z[j] = logit(to_float(v.v[j]), params);
-      top = fmaxf(top, z[j]);
-    }
-    MaxSum pack{top, 0.0f};
-    if (top != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < ELEMS; ++j) pack.s += expf(z[j] - top);
-    } else {
-#pragma unroll
-      for (int j = 0; j < ELEMS; ++j) pack.s += z[j] != z[j] ? z[j] : 0.0f;  // NaN stays
-    }
-    acc = combine(acc, pack);
-  }
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-    acc = combine(acc, {__shfl_xor_sync(0xffffffffu, acc.m, offset), __shfl_xor_sync(0xffffffffu, acc.s, offset)});
-  __shared__ MaxSum warps[THREADS / kWarpSize];
-  __shared__ float result;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) warps[warp] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    MaxSum all = warps[0];
-    for (int k = 1; k < THREADS / kWarpSize; ++k) all = combine(all, warps[k]);  // in order: deterministic
-    result = all.m + logf(all.s);
-  }
-  __syncthreads();
-  const float lse = result;
-  __syncthreads();  // result is written again for the next row
+// The row's log-sum-exp from the forward's saved loss and the score at the label (the loss solved for it).
+__device__ __forceinline__ float saved_lse(float saved, float picked, const Params& params) {
+  float lse;
+  lse = saved + picked;
   return lse;
 }
 
@@ -173,7 +119,7 @@ __device__ float row_lse(const T* __restrict__ row, int64_t hidden, const Params
 template <typename T, typename Conv, int ELEMS, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 cross_entropy_backward_kernel(const T* __restrict__ logits, int64_t logits_row_stride, const int64_t* __restrict__ label,
-                              int64_t label_stride, const float* __restrict__ grad_loss, int64_t grad_loss_stride,
+                              int64_t label_stride, const float* __restrict__ loss, int64_t loss_stride, const float* __restrict__ grad_loss, int64_t grad_loss_stride,
                               T* __restrict__ grad_logits, int64_t rows, int64_t hidden, Params params) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* const x_row = logits + row * logits_row_stride;
@@ -183,7 +129,9 @@ cross_entropy_backward_kernel(const T* __restrict__ logits, int64_t logits_row_s
     using Access = Pack<T, ELEMS>;
     T* const out_row = grad_logits + row * hidden;
     const float g = grad_loss[row * grad_loss_stride];
-    const float lse = ignored ? 0.0f : row_lse<T, ELEMS, THREADS>(x_row, hidden, params);
+    // read once: the log-sum-exp from the saved loss (a bad label's row is NaN below)
+    const float lse = ignored || !valid ? 0.0f
+                                        : saved_lse(loss[row * loss_stride], logit(to_float(x_row[target]), params), params);
 #pragma unroll kUnroll
     for (int64_t i = threadIdx.x; i < hidden / ELEMS; i += THREADS) {
       const Access v = reinterpret_cast<const Access*>(x_row)[i];
@@ -205,7 +153,7 @@ cudaError_t launch_config(const CrossEntropyBackwardArgs& args, const Params& pa
   const unsigned blocks = unsigned(std::min<int64_t>(args.rows, kMaxGridX));
   cross_entropy_backward_kernel<T, Conv, ELEMS, THREADS><<<blocks, THREADS, 0, stream>>>(
       static_cast<const T*>(args.logits), args.logits_row_stride, static_cast<const int64_t*>(args.label),
-      args.label_stride, static_cast<const float*>(args.grad_loss), args.grad_loss_stride,
+      args.label_stride, static_cast<const float*>(args.loss), args.loss_stride, static_cast<const float*>(args.grad_loss), args.grad_loss_stride,
       static_cast<T*>(args.grad_logits), args.rows, args.hidden, params);
   return cudaGetLastError();
 }

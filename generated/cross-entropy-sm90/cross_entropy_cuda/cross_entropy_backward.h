@@ -14,13 +14,15 @@ enum class DType { k_float32, k_float16, k_bfloat16 };
 // Numerics conventions; the first is the default.
 enum class Convention { k_single_rounding };
 
-// One launch of cross_entropy_backward: logits viewed as [rows, hidden] with a row stride in elements; label (int64) and grad_loss (float32)
+// One launch of cross_entropy_backward: logits viewed as [rows, hidden] with a row stride in elements; label (int64), loss (float32) and grad_loss (float32)
 // one value per row, `stride` elements apart; grad_logits new and contiguous ([rows, hidden] in the I/O dtype).
 struct CrossEntropyBackwardArgs {
   const void* logits;
   int64_t logits_row_stride;
   const void* label;
   int64_t label_stride;
+  const void* loss;
+  int64_t loss_stride;
   const void* grad_loss;
   int64_t grad_loss_stride;
   void* grad_logits;

@@ -74,7 +74,6 @@ template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { retur
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 namespace {
-
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int64_t kSmallRow = 4096;  // elements: rows up to this many take the small block

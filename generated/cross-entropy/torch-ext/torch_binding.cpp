@@ -218,14 +218,14 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& la
   return run_cross_entropy(logits, label, ignore_index, kgen_cross_entropy::Convention::k_single_rounding, "cross_entropy");
 }
 
-// Autograd: the forward below the autograd layer, then cross_entropy_backward on the saved inputs. Both are called
+// Autograd: the forward below the autograd layer, then cross_entropy_backward on the saved inputs and outputs. Both are called
 // through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
 // The convention travels as its index; undefined output gradients arrive as zeros (materialized).
 const char* const kVariants[] = {"cross_entropy"};
 const char* const kBackwardVariants[] = {"cross_entropy_backward"};
 
 using ForwardSignature = torch::Tensor(const torch::Tensor&, const torch::Tensor&, int64_t);
-using BackwardSignature = torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t);
+using BackwardSignature = torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t);
 
 template <typename Signature, size_t N>
 std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
@@ -249,19 +249,20 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& label, int64_t ignore_index, int64_t convention) {
-    // what cross_entropy_backward reads
-    ctx->save_for_backward({logits, label});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["ignore_index"] = ignore_index;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(logits, label, ignore_index);
+    const torch::Tensor out = forward_op(convention).call(logits, label, ignore_index);
+    // what cross_entropy_backward reads: inputs, then this call's output
+    ctx->save_for_backward({logits, label, out});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const int64_t convention = ctx->saved_data["convention"].toInt();
-    const auto result = backward_op(convention).call(saved[0], saved[1], grads[0], ctx->saved_data["ignore_index"].toInt());
+    const auto result = backward_op(convention).call(saved[0], saved[1], saved[2], grads[0], ctx->saved_data["ignore_index"].toInt());
     // One gradient per input (none for an absent one), then none for the params and the convention.
     return {result, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -349,7 +350,7 @@ const Plans& plans_for(const torch::Tensor& lead, kgen_cross_entropy_backward::D
               lead.device().str(), " is sm_", std::to_string(capability));
 }
 
-torch::Tensor run_cross_entropy_backward(const torch::Tensor& logits, const torch::Tensor& label, const torch::Tensor& grad_loss, int64_t ignore_index, kgen_cross_entropy_backward::Convention convention, const char* op) {
+torch::Tensor run_cross_entropy_backward(const torch::Tensor& logits, const torch::Tensor& label, const torch::Tensor& loss, const torch::Tensor& grad_loss, int64_t ignore_index, kgen_cross_entropy_backward::Convention convention, const char* op) {
   check_device(logits, op, "logits", logits);
   TORCH_CHECK_VALUE(logits.dim() >= 1, op, ": logits must have at least one dim, got a 0-dim tensor");
   const kgen_cross_entropy_backward::DType dtype = io_dtype(logits, op);
@@ -361,6 +362,11 @@ torch::Tensor run_cross_entropy_backward(const torch::Tensor& logits, const torc
                    c10::toString(label.scalar_type()));
   TORCH_CHECK_VALUE(label.sizes() == row_shape, op, ": label must have shape ", shape_str(row_shape),
                     " (logits's without its last dim), got ", shape_str(label.sizes()));
+  check_device(loss, op, "loss", logits);
+  TORCH_CHECK_TYPE(loss.scalar_type() == at::kFloat, op, ": loss must be float32, got ",
+                   c10::toString(loss.scalar_type()));
+  TORCH_CHECK_VALUE(loss.sizes() == row_shape, op, ": loss must have shape ", shape_str(row_shape),
+                    " (logits's without its last dim), got ", shape_str(loss.sizes()));
   check_device(grad_loss, op, "grad_loss", logits);
   TORCH_CHECK_TYPE(grad_loss.scalar_type() == at::kFloat, op, ": grad_loss must be float32, got ",
                    c10::toString(grad_loss.scalar_type()));
@@ -382,6 +388,7 @@ torch::Tensor run_cross_entropy_backward(const torch::Tensor& logits, const torc
     return {copy, copy.data_ptr(), 1, 0};
   };
   const RowsOf label_rows = flat(label);
+  const RowsOf loss_rows = flat(loss);
   const RowsOf grad_loss_rows = flat(grad_loss);
 
   kgen_cross_entropy_backward::CrossEntropyBackwardArgs args{};
@@ -389,6 +396,8 @@ torch::Tensor run_cross_entropy_backward(const torch::Tensor& logits, const torc
   args.logits_row_stride = logits_rows.row_stride;
   args.label = label_rows.data;
   args.label_stride = label_rows.row_stride;
+  args.loss = loss_rows.data;
+  args.loss_stride = loss_rows.row_stride;
   args.grad_loss = grad_loss_rows.data;
   args.grad_loss_stride = grad_loss_rows.row_stride;
   args.grad_logits = grad_logits.data_ptr();
@@ -404,12 +413,12 @@ torch::Tensor run_cross_entropy_backward(const torch::Tensor& logits, const torc
 
 }  // namespace
 
-torch::Tensor cross_entropy_backward(const torch::Tensor& logits, const torch::Tensor& label, const torch::Tensor& grad_loss, int64_t ignore_index) {
-  return run_cross_entropy_backward(logits, label, grad_loss, ignore_index, kgen_cross_entropy_backward::Convention::k_single_rounding, "cross_entropy_backward");
+torch::Tensor cross_entropy_backward(const torch::Tensor& logits, const torch::Tensor& label, const torch::Tensor& loss, const torch::Tensor& grad_loss, int64_t ignore_index) {
+  return run_cross_entropy_backward(logits, label, loss, grad_loss, ignore_index, kgen_cross_entropy_backward::Convention::k_single_rounding, "cross_entropy_backward");
 }
 
 void register_ops(torch::Library& ops) {
-  ops.def("cross_entropy_backward(Tensor logits, Tensor label, Tensor grad_loss, int ignore_index) -> Tensor");
+  ops.def("cross_entropy_backward(Tensor logits, Tensor label, Tensor loss, Tensor grad_loss, int ignore_index) -> Tensor");
   ops.impl("cross_entropy_backward", torch::kCUDA, &cross_entropy_backward);
   // CPU inputs reach the same checks, so they fail with "logits must be a CUDA tensor".
   ops.impl("cross_entropy_backward", torch::kCPU, &cross_entropy_backward);

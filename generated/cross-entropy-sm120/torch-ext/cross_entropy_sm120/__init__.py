@@ -46,11 +46,13 @@ def _cross_entropy_fake(logits: torch.Tensor, label: torch.Tensor, ignore_index:
 _register_fake("cross_entropy", _cross_entropy_fake)
 
 
-def _cross_entropy_backward_fake(logits: torch.Tensor, label: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def _cross_entropy_backward_fake(logits: torch.Tensor, label: torch.Tensor, loss: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through cross_entropy_backward."""
     torch._check(logits.dim() >= 1 and logits.shape[-1] >= 1, lambda: "cross_entropy_backward: logits must have at least one dim, the last >= 1")
     torch._check(label.dtype == torch.int64, lambda: f"cross_entropy_backward: label must be int64, got {label.dtype}")
     torch._check(label.shape == logits.shape[:-1], lambda: "cross_entropy_backward: label must have the shape of logits without its last dim")
+    torch._check(loss.dtype == torch.float32, lambda: f"cross_entropy_backward: loss must be float32, got {loss.dtype}")
+    torch._check(loss.shape == logits.shape[:-1], lambda: "cross_entropy_backward: loss must have the shape of logits without its last dim")
     torch._check(grad_loss.dtype == torch.float32, lambda: f"cross_entropy_backward: grad_loss must be float32, got {grad_loss.dtype}")
     torch._check(grad_loss.shape == logits.shape[:-1], lambda: "cross_entropy_backward: grad_loss must have the shape of logits without its last dim")
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
