@@ -281,6 +281,10 @@ class Structure(_Model):
     def convention(self, name: str) -> Convention:
         return next(c for c in self.conventions if c.name == name)
 
+    def assigned(self, spec: OpSpec) -> list[str]:
+        """What each convention assigns an expression: every output (a packed one's halves)."""
+        return spec.output_values
+
     def names(self) -> list[str]:
         """Names the structure introduces beside the spec's tensors and params (a reduction's statistics,
         ...)."""
@@ -351,7 +355,7 @@ class OpSpec(_Model):
                 )
         halves = [h for t in self.tensors if t.halves for h in t.halves]
         outputs = {t.name for t in self.outputs}
-        values = set(self.output_values)
+        values = set(structure.assigned(self))
         names = [t.name for t in self.tensors] + [p.name for p in self.params] + halves
         names += [n for n in structure.names() if n not in outputs]  # a structure's value may be written out
         dupes = {n for n in names if names.count(n) > 1}

@@ -29,13 +29,19 @@ DIFFERENTIATED = [op for op in op_names() if family_of(load_spec(op)).backward(l
 GENERATED = Path(__file__).resolve().parents[1] / "generated"
 
 
-# a norm before the rotation (q/k RMSNorm + RoPE in one pass): its gradient is no rotation; training runs the
-# norm and the rotation as two ops, each with its derived backward
-FORWARD_ONLY = {op for op in op_names() if getattr(load_spec(op).structure, "norm", None) is not None}
+# a norm over every head of a token before the rotation (Wan's q/k RMSNorm + RoPE in one pass): its weight has
+# a channel per head, which the backward does not sum yet; training runs the norm and the rotation as two ops,
+# each with its derived backward
+FORWARD_ONLY = {
+    op
+    for op in op_names()
+    if getattr(load_spec(op).structure, "norm", None) is not None
+    and load_spec(op).structure.norm.over == "token"
+}
 
 
 def test_every_op_has_a_derived_backward():
-    assert FORWARD_ONLY == {"qk_norm_rope_flux", "qk_norm_rope_wan"}
+    assert FORWARD_ONLY == {"qk_norm_rope_wan"}
     assert set(DIFFERENTIATED) == set(op_names()) - FORWARD_ONLY
     assert len(DIFFERENTIATED) >= 17
 
@@ -430,3 +436,54 @@ def test_build_toml_lists_every_kernel_of_each_arch(tmp_path):
         "8.0": ["silu_mul_cuda/silu_mul_sm_80.cu", "silu_mul_cuda/silu_mul_backward_sm_80.cu"],
         "9.0": ["silu_mul_cuda/silu_mul_sm_90.cu", "silu_mul_cuda/silu_mul_backward_sm_90.cu"],
     }
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    heads=st.integers(1, 3),
+    tokens=st.integers(1, 9),
+    hidden=st.sampled_from([8, 16, 32]),
+    eps=st.sampled_from([1e-6, 0.5]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_a_norm_before_the_rotation_is_carried_through_by_its_derived_backward(
+    heads, tokens, hidden, eps, seed
+):
+    """qk_norm_rope_flux's backward: the incoming gradients rotated by -θ reach the normed values, and the
+    norm's derived backward takes them to q and k (read again, nothing saved) and to both weights (summed over
+    every head and token). The spec math evaluated in float64 equals float64 autograd of the reference; dx is
+    RMSNorm's one-extra-reduction form. Wan's op (a norm over a token's heads) has no backward."""
+    spec = load_spec("qk_norm_rope_flux")
+    back = family_of(spec).backward(spec)
+    assert [t.name for t in back.inputs] == [
+        "grad_out",
+        "grad_k_out",
+        "x",
+        "k",
+        "x_weight",
+        "k_weight",
+        "positions",
+    ]
+    assert [t.name for t in back.outputs] == ["grad_x", "grad_k", "grad_x_weight", "grad_k_weight"]
+    g = spec.structure.norm.gradients()
+    x, w, rstd, dn, grad_row_sum, row_sum, inv_count = sp.symbols(
+        "x weight rstd grad_normed grad_row_sum row_sum inv_count"
+    )
+    e = sp.Symbol("eps")
+    assert sp.simplify(g["slope"] + inv_count / 2 * (row_sum * inv_count + e) ** sp.Rational(-3, 2)) == 0
+    assert g["gradient"] == dn * rstd * w + 2 * grad_row_sum * x and g["weight_gradient"] == dn * rstd * x
+    gen = torch.Generator().manual_seed(seed)
+    shape = (2, heads, tokens, hidden)
+    q_, k_, gq, gk = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(4))
+    qw, kw = (1 + 0.5 * torch.randn(hidden, generator=gen, dtype=torch.float64) for _ in range(2))
+    positions = (torch.rand(2, 3, tokens, generator=gen) * 500).round()
+    dims = {8: [2, 2, 4], 16: [4, 6, 6], 32: [8, 12, 12]}[hidden]
+    params = [10000.0, *dims, eps]
+    args = [gq, gk, q_, k_, qw, kw, positions]
+    got = family_of(back).evaluate(back, args, params, "single_rounding")
+    want = back.reference(*args, *params, convention="single_rounding")
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    wan = load_spec("qk_norm_rope_wan")
+    assert family_of(wan).backward(wan) is None

@@ -97,20 +97,17 @@ def ran_since(calls, before) -> dict:
     return {name: calls[name] - before[name] for name in calls if calls[name] > before[name]}
 
 
-# per training forward: norm1 and norm1_context of each double block, each single block's norm, norm_out; each
-# double block's two gated residual adds with norm2 / norm2_context; q, k, added q and added k norms per
-# double block, q and k per single block; the feed-forwards' GELU per double block, act_mlp per single block;
-# the rotation of q and k (one launch) in every attention
-TRAINING = {
-    "rope_flux": 4,
+# per forward, training or not: norm1 and norm1_context of each double block, each single block's norm,
+# norm_out; each double block's two gated residual adds with norm2 / norm2_context; the feed-forwards' GELU
+# per double block, act_mlp per single block; each stream's q/k norms and the rotation one launch (the text's
+# and the image's in a double block, one in a single block), with its derived backward in training
+FORWARD = {
     "adaln_layernorm_diffusers": 7,
     "residual_adaln_layernorm_diffusers": 4,
-    "rmsnorm": 12,
     "gelu_tanh": 6,
+    "qk_norm_rope_flux": 6,
 }
-# with no gradient wanted, each stream's q/k norms and the rotation are one launch: the text's and the image's
-# in a double block, one in a single block
-FORWARD = {k: n for k, n in TRAINING.items() if k not in ("rope_flux", "rmsnorm")} | {"qk_norm_rope_flux": 6}
+TRAINING = FORWARD
 
 
 def check_output_matches(config, served_ops, root):

@@ -43,7 +43,7 @@ ALLOWED = {
         "families.rotary_norm",
     },
     "families.rotary_grid": {"codegen", "dsl", "families.base"},
-    "families.rotary_norm": {"codegen", "dsl"},
+    "families.rotary_norm": {"autodiff", "codegen", "dsl"},
     "families.softmax_loss": {"autodiff", "codegen", "dsl", "profile", "families.base"},
     "families.__init__": {
         "dsl",
@@ -134,15 +134,15 @@ ALLOWED = {
 SIZES = {
     "families/row_reduce.py": 700,
     "families/base.py": 415,  # example_input(s): the inputs a family draws (labels, a saved loss)
-    "families/rotary.py": 480,
+    "families/rotary.py": 535,
     "families/rotary_grid.py": 200,
-    "families/rotary_norm.py": 120,
+    "families/rotary_norm.py": 165,
     "families/column_reduce.py": 668,  # two schedules (rows held on chip, split rows); passed-on gradients
     "families/row_backward.py": 206,  # split sums (linear_parts), zero-sum parts, passed-on gradients
     "families/elementwise.py": 260,
     "families/softmax_loss.py": 410,  # the loss, its gradient (lse from the saved loss), labels, evaluation
     "families/__init__.py": 80,
-    "dsl.py": 590,
+    "dsl.py": 595,
     "bench.py": 420,
     "bench_report.py": 200,
     "sweep.py": 200,

@@ -87,7 +87,11 @@ def check(op, outs, inputs, params, convention):
             # Per row: rel times the row's largest value times how much subtracting the row mean
             # cancels (layernorm's x - mean loses digits in fp32, as torch's own fp32 math does;
             # about 1 for rmsnorm).
-            x64 = x.double().reshape(-1, x.shape[-1])
+            # the normalized row: the row inputs of the lead's shape added (a residual form's x + residual)
+            rows = [
+                v for t, v in zip(spec.inputs, inputs) if v is not None and t.per_row and v.shape == x.shape
+            ]
+            x64 = sum(v.double() for v in rows).reshape(-1, x.shape[-1])
             centered = (x64 - x64.mean(-1, keepdim=True)).abs().amax(-1, keepdim=True)
             cancel = (x64.abs().amax(-1, keepdim=True) / centered.clamp_min(1e-300)).clamp_min(1.0)
             row_scale = torch.where(torch.isfinite(want), want.abs(), 0).amax(-1, keepdim=True)

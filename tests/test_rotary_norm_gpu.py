@@ -2,7 +2,10 @@
 over every head of a token) on the GPU: hypothesis property tests against the float64 references (head sizes,
 heads, tokens, dtypes, magnitudes, layouts as the models pass them), the two-op pipelines they replace (kgen's
 rmsnorm then rope_flux / rope_wan, and the spec's diffusers peer), a NaN staying in its head or token, the
-refused head sizes and weights, opcheck and torch.compile."""
+refused head sizes and weights, opcheck and torch.compile. The derived backward (a norm over each head):
+gradients of q, k and both weights against float64 autograd of the reference, no worse than the library's own
+bf16 autograd; the weights' sums bitwise equal run to run; opcheck with inputs that require grad, and a
+compiled training step."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kgen.catalog import load_spec, op_names
+from kgen.families import family_of
 
 pytestmark = pytest.mark.gpu
 
@@ -21,6 +25,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 PIPELINE = {"qk_norm_rope_flux": "rope_flux", "qk_norm_rope_wan": "rope_wan"}  # the rotation it fuses
 RMSNORM_REF = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
+TRAINED = [op for op in NORMED if family_of(load_spec(op)).backward(load_spec(op)) is not None]
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +245,129 @@ def test_empty_input(ops, op):
     inputs = [t[:0] if i in (0, 1, 4) else t for i, t in enumerate(inputs)]
     for out in ops[op](*inputs, *params):
         assert out.shape == (0, 2, 1, 64)
+
+
+def gradient_case(op, dtype, gen, batch, heads, tokens, hidden, layout="bshd", magnitude=1.0):
+    """make_call's inputs with q, k and the weights requiring grad, the outputs, and random incoming
+    gradients."""
+    inputs, params = make_call(op, dtype, gen, batch, heads, tokens, hidden, layout, magnitude)
+    inputs = [t.requires_grad_() if i < 4 else t for i, t in enumerate(inputs)]
+    grads = [torch.randn(t.shape, generator=gen, device="cuda").to(dtype) for t in inputs[:2]]
+    return inputs, params, grads
+
+
+def reference_gradients(op, inputs, params, grads, dtype=None):
+    """The gradients of q, k and the weights: float64 autograd of the reference, or (``dtype``) the spec's
+    peer (F.rms_norm, then diffusers' rotation) under eager autograd in that dtype."""
+    spec = load_spec(op)
+    leaves = [t.detach().double() if dtype is None else t.detach().clone() for t in inputs[:4]]
+    leaves = [t.requires_grad_() for t in leaves]
+    fn = spec.reference if dtype is None else next(iter(spec.peers.values()))
+    with torch.enable_grad():
+        outs = fn(*leaves, *inputs[4:], *params)
+    incoming = [g.double() if dtype is None else g for g in grads]
+    return torch.autograd.grad(outs, leaves, incoming)
+
+
+def assert_gradients_close(op, got, want, library, inputs, params, grads):
+    """Each gradient's worst error at most 4× the library's own plus a floor: the derived dx adds the head's
+    terms (up to |dy|·|w|·rstd) before they cancel, where autograd of F.rms_norm factors them first (as for
+    the row reductions' backward, test_backward_gpu's allowance), so 8 fp32 unit roundoffs of that scale
+    (times the heads summed, for a weight's gradient: fp32 sums over every head and token, rounded once); and
+    two roundings of the dtype of the largest gradient."""
+    x, k, xw, kw = (t.detach().double() for t in inputs[:4])
+    eps = params[-1]
+    rstd = max((t.pow(2).mean(-1) + eps).rsqrt().max().item() for t in (x, k))
+    scale = (
+        max(g.abs().max().item() for g in grads) * max(xw.abs().max().item(), kw.abs().max().item()) * rstd
+    )
+    ulp = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[inputs[0].dtype]
+    for name, g, w, lib in zip(("x", "k", "x_weight", "k_weight"), got, want, library):
+        assert g.shape == w.shape and g.dtype == inputs[0].dtype, name
+        assert torch.isfinite(g).all(), f"{op} grad {name}: not finite"
+        error = (g.double() - w).abs().max().item()
+        library_error = (lib.double() - w).abs().max().item()
+        rows = w.numel() and (1 if g.dim() > 1 else x.numel() // x.shape[-1] + k.numel() // k.shape[-1])
+        allowed = 4 * library_error + 2 * ulp * w.abs().max().item() + 8 * 2.0**-24 * scale * rows
+        assert error <= allowed, f"{op} grad {name}: worst error {error:.3g}, allowed {allowed:.3g}"
+
+
+@st.composite
+def gradient_cases(draw):
+    case = draw(cases())
+    return case | dict(op=draw(st.sampled_from(TRAINED)), magnitude=draw(st.sampled_from([1e-2, 1.0, 30.0])))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=gradient_cases())
+def test_gradients_match_float64_autograd(ops, case):
+    op, dtype = case["op"], case["dtype"]
+    if refused(dtype):
+        return  # the forward refuses the dtype (test_matches_reference checks the refusal)
+    gen = torch.Generator(device="cuda").manual_seed(case["seed"])
+    keys = ("batch", "heads", "tokens", "hidden", "layout", "magnitude")
+    inputs, params, grads = gradient_case(op, dtype, gen, *(case[k] for k in keys))
+    got = torch.autograd.grad(ops[op](*inputs, *params), inputs[:4], grads)
+    want = reference_gradients(op, inputs, params, grads)
+    library = reference_gradients(op, inputs, params, grads, dtype)
+    assert_gradients_close(op, got, want, library, inputs, params, grads)
+
+
+@pytest.mark.parametrize("op", TRAINED)
+def test_gradients_at_a_model_shape_repeat_bitwise(ops, op):
+    """Flux.1-dev's image stream (24 heads, 4608 tokens): the gradients against float64, and three runs
+    bitwise equal (each weight's partial sums added in a fixed order, no atomics)."""
+    dtype = usable_dtype()
+    inputs, params, grads = gradient_case(
+        op, dtype, torch.Generator(device="cuda").manual_seed(3), 1, 24, 4608, 128
+    )
+    outs = ops[op](*inputs, *params)
+    runs = [torch.autograd.grad(outs, inputs[:4], grads, retain_graph=True) for _ in range(3)]
+    for again in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], again))
+    want = reference_gradients(op, inputs, params, grads)
+    library = reference_gradients(op, inputs, params, grads, dtype)
+    assert_gradients_close(op, runs[0], want, library, inputs, params, grads)
+
+
+@pytest.mark.parametrize("op", TRAINED)
+def test_a_nan_gradient_stays_in_its_head(ops, op):
+    """A NaN in one incoming gradient element: NaN in q's gradient at its head and token only (the head's
+    backward sum), and in the weight's gradient at the channels the rotation mixes it into; k untouched."""
+    dtype = usable_dtype()
+    inputs, params, grads = gradient_case(
+        op, dtype, torch.Generator(device="cuda").manual_seed(5), 2, 3, 24, 128
+    )
+    grads[0][1, 2, 5, 16] = float("nan")
+    gx, gk, gxw, gkw = torch.autograd.grad(ops[op](*inputs, *params), inputs[:4], grads)
+    expected = torch.zeros_like(gx, dtype=torch.bool)
+    expected[1, 2, 5, :] = True
+    assert torch.equal(gx.isnan(), expected)
+    assert not gk.isnan().any() and not gkw.isnan().any()
+    assert gxw[16:18].isnan().all() and not gxw[:16].isnan().any() and not gxw[18:].isnan().any()
+
+
+@pytest.mark.parametrize("op", TRAINED)
+def test_opcheck_with_grad_and_a_compiled_training_step(built, ops, op):
+    overload = getattr(built(op)[1]._ops.ops, op)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in DTYPES:
+        if refused(dtype):
+            continue
+        inputs, params, _ = gradient_case(op, dtype, gen, 2, 3, 24, 64)
+        torch.library.opcheck(overload, (*inputs, *params))
+    torch._dynamo.reset()
+    inputs, params, grads = gradient_case(op, usable_dtype(), gen, 2, 3, 24, 128)
+
+    # the loss around the op is exact in both (its gradient is the weight, rounded to the dtype once), so any
+    # difference would be the op's
+    weight = torch.randn(128, generator=gen, device="cuda").to(inputs[0].dtype).float()
+
+    def step(*args):
+        return sum((o.float() * weight).sum() for o in ops[op](*args, *params))
+
+    eager = torch.autograd.grad(step(*inputs), inputs[:4])
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*inputs), inputs[:4])
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch._dynamo.explain(step)(*inputs).graph_break_count == 0

@@ -76,7 +76,9 @@ def assert_grad_close(got, want, dtype, logits, label, grad):
     lse = torch.logsumexp(z, -1, keepdim=True)
     p = (z - lse).exp()
     hit = torch.zeros_like(z).scatter_(-1, label.clamp_min(0).unsqueeze(-1), 1.0)
-    rel = (4 * z.shape[-1] ** 0.5 + 16 + z.abs() + lse.abs()) * 2.0**-24
+    # lse comes from the saved fp32 loss (lse - picked, rounded at its own size) plus the picked score
+    picked = z.gather(-1, label.clamp_min(0).unsqueeze(-1))
+    rel = (4 * z.shape[-1] ** 0.5 + 16 + z.abs() + lse.abs() + (lse - picked).abs()) * 2.0**-24
     fp32 = 2 * grad.double().abs().unsqueeze(-1) * (p * rel + hit * 2.0**-24)
     bound = ulp * want.abs() + fp32 + torch.finfo(dtype).smallest_normal
     ok = ((got.double() - want).abs() <= bound) | (torch.isnan(got) & torch.isnan(want))

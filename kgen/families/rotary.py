@@ -59,8 +59,14 @@ class Rotary(Structure):
     tables: tuple[Identifier, Identifier] | None = None
     grid: GridAngles | None = None
     norm: RotaryNorm | None = None
+    # a backward through the norm: the forward's rotated inputs, read again for the norm's statistic (then the
+    # rotated tensors are the outputs' gradients, and the outputs the inputs' gradients, then the weights')
+    norm_inputs: list[Identifier] | None = None
 
     dims = ("*rows hidden", COORDINATES, *WEIGHT_DIMS.values())
+    column_outputs = (
+        True  # a backward through a norm over each head: its weights' gradients (check says when)
+    )
     # the binding's locals and helpers (the kernels reach tensors as args.<name> only), and the rotation's
     # symbols
     declares = frozenset(
@@ -76,6 +82,10 @@ class Rotary(Structure):
             "heads",
         }
     )
+
+    def assigned(self, spec: OpSpec) -> list[str]:
+        """An output per rotated tensor; a backward through a norm's weight gradients come from the norm."""
+        return [t.name for t in spec.outputs[: len(self.rotates)]]
 
     def check(self, spec: OpSpec) -> set[str]:
         by_name = {t.name: t for t in spec.inputs}
@@ -96,19 +106,33 @@ class Rotary(Structure):
                 "cos_pair or sin_pair (the rotation's symbols)"
             )
         weights = [by_name.get(n) for n in self.norm.weights] if self.norm else []
-        if None in tables or set(spec.inputs) - set(rotated) - set(tables) - set(given) - set(weights):
+        normed = [by_name.get(n) for n in self.norm_inputs or ()]
+        if None in tables or set(spec.inputs) - set(rotated) - set(tables) - set(given) - set(weights) - set(
+            normed
+        ):
             raise ValueError(
                 "a rotary op takes the tensors it rotates, the cos and sin tables it names in "
-                "`tables` (or a grid's coordinates input), its norm's weights, and nothing else"
+                "`tables` (or a grid's coordinates input), its norm's weights (and a backward through the "
+                "norm its norm_inputs), and nothing else"
             )
         if self.norm is not None:
             self.norm.check(spec, self.rotates)
         if any(t.dtype != "io" for t in spec.outputs):
             raise ValueError("a rotary op's outputs have the I/O dtype")
-        if len(rotated) != len(spec.outputs):
+        if self.norm_inputs is not None and (
+            self.norm is None
+            or len(normed) != len(rotated)
+            or any(t is None or t.dims != "*rows hidden" or t.dtype != "io" or t.optional for t in normed)
+        ):
             raise ValueError(
-                f"a rotary op has one output per rotated input: inputs {self.rotates}, outputs "
-                f"{[t.name for t in spec.outputs]}"
+                "structure.norm_inputs: a backward through a norm names one required '*rows hidden' input in "
+                "the I/O dtype per rotated tensor (the forward's, read again)"
+            )
+        weight_dims = [t.dims for t in weights] if self.norm_inputs else []
+        if [t.dims for t in spec.outputs] != ["*rows hidden"] * len(rotated) + weight_dims:
+            raise ValueError(
+                f"a rotary op has one output per rotated input (a backward through a norm then one per norm "
+                f"weight, shaped like it): inputs {self.rotates}, outputs {[t.name for t in spec.outputs]}"
             )
         if {t.name for t in given} != ({self.grid.coordinates_input} - {None} if self.grid else set()):
             raise ValueError(
@@ -160,6 +184,9 @@ class RotaryContext(FamilyContext):
     heads_expr: list[str]
     heads_in_flight: int
     norm: NormCode | None
+    rotated_outputs: list[Tensor]  # one per rotated tensor (the outputs, or a backward's input gradients)
+    norm_inputs: list[Tensor]  # a backward through the norm: the forward's rotated inputs, read again
+    weight_gradients: list[Tensor]  # ... and its weights' gradients, summed over every head and token
 
 
 class RotaryFamily(Family):
@@ -229,6 +256,14 @@ class RotaryFamily(Family):
                 )
                 + "; the scalar path keeps the vector path's elements per thread, so that the lanes of a "
                 f"{norm.over} are the same"
+            )
+        if spec.structure.norm_inputs:
+            notes["weight gradients"] = (
+                "each thread adds its channels' shares over the heads and tokens it walks (fp32 "
+                "registers); a "
+                "block adds its threads' in thread order into one fp32 partial row per weight, and a second "
+                "kernel adds the rows in block order, rounding once: deterministic, no atomics, at most one "
+                "full wave of partial rows whatever the row count"
             )
         if grid := spec.structure.grid:
             why = "as the matched library's float64 tables" if grid.precision == "float64" else "the default"
@@ -313,14 +348,21 @@ class RotaryFamily(Family):
             return torch.cat([v[..., hidden // 2 :], v[..., : hidden // 2]], -1)
 
         tables = {"cos": cos, "sin": sin, "sign": sign, "cos_pair": pair(cos), "sin_pair": pair(sin)}
-        io, out = io_rounding(lead.dtype), []
+        io, out, weight_grads = io_rounding(lead.dtype), [], []
         for i, (name, t) in enumerate(zip(structure.rotates, spec.outputs)):
             v = given[name].double()
-            if structure.norm:
-                v = structure.norm.normalize(v, given[structure.norm.weights[i]], values, io)
+            norm_weight = given[structure.norm.weights[i]] if structure.norm else None
+            if structure.norm and not structure.norm_inputs:
+                v = structure.norm.normalize(v, norm_weight, values, io)
             symbols = values | tables | {name: v, f"{name}_pair": pair(v)}
-            out.append(evaluate(conv.outputs[t.name], symbols, io).expand(v.shape))
-        return tuple(out)
+            value = evaluate(conv.outputs[t.name], symbols, io).expand(v.shape)
+            if structure.norm_inputs:  # the gradient of the normed values, carried through the norm
+                value, grad_weight = structure.norm.backward(
+                    given[structure.norm_inputs[i]].double(), norm_weight, value, values, io
+                )
+                weight_grads.append(grad_weight)
+            out.append(value)
+        return (*out, *weight_grads)
 
     def backward(self, spec: OpSpec) -> OpSpec | None:
         """A rotation again, of the outputs' gradients into the rotated inputs' (the transpose: rotation by
@@ -328,9 +370,14 @@ class RotaryFamily(Family):
         and in its partner's, so its gradient is ∂out/∂x · grad_out + ∂out_pair/∂x · grad_out_pair, the
         second being ∂out/∂x_pair at the partner: its cos, sin and sign (-sign). The tables and coordinates
         get no gradient (the binding refuses them requiring one). None where an output is not linear in its
-        own input and partner (the gradient would need the inputs: not a rotation)."""
+        own input and partner (the gradient would need the inputs: not a rotation).
+
+        After a norm over each head, that rotation gives the gradient reaching the normed values, and the
+        norm's backward (RotaryNorm.gradients) carries it to the inputs, which the backward reads again (their
+        statistic recomputed, nothing saved); the weights' gradients are summed over every head and token in
+        a fixed order. A norm over a token's heads has no backward yet (its weight has a channel per head)."""
         structure = spec.structure
-        if structure.norm is not None:  # not a rotation of the gradients: the norm's needs the inputs
+        if structure.norm is not None and structure.norm.over != "head":
             return None
         at_partner = {cos: cos_pair, sin: sin_pair, cos_pair: cos, sin_pair: sin, sign: -sign}
         rotated = {s for n in structure.rotates for s in (n, f"{n}_pair")}
@@ -351,30 +398,49 @@ class RotaryFamily(Family):
             if None in outputs.values():
                 return None
             matches = f"the gradient of {c.name} (roundings differentiate as the identity)"
+            if structure.norm is not None:
+                matches += ", reaching the normed values; the norm's backward takes it to the inputs"
             conventions.append(Convention(name=c.name, matches=matches, outputs=outputs))
+        by_name = {t.name: t for t in spec.inputs}
+        normed = [by_name[n] for n in structure.rotates] if structure.norm else []
+        weights = [by_name[n] for n in structure.norm.weights] if structure.norm else []
         rest = [t for t in spec.inputs if t.name not in structure.rotates]
         tensors = [
             *(
                 Tensor(name=g, dims="*rows hidden", doc=f"the gradient of {t.name}")
                 for g, t in zip(grads, spec.outputs)
             ),
+            *(t.model_copy(update={"doc": f"{t.doc} (the forward's, read again)"}) for t in normed),
             *rest,
             *(
                 Tensor(name=gradient_name(n), dims="*rows hidden", role="output", doc=f"the gradient of {n}")
                 for n in structure.rotates
             ),
+            *(
+                Tensor(
+                    name=gradient_name(w.name),
+                    dims=w.dims,
+                    role="output",
+                    doc=f"the gradient of {w.name}, summed over every head and token",
+                )
+                for w in weights
+            ),
         ]
+        update = {"rotates": grads, "conventions": conventions}
+        if structure.norm is not None:
+            update["norm_inputs"] = list(structure.rotates)
+        inputs = [t.name for t in tensors if t.role == "input"]
         return OpSpec(
             name=f"{spec.name}_backward",
             summary=f"the gradient of {spec.name} ({spec.summary})",
             tensors=tensors,
             params=spec.params,
-            structure=structure.model_copy(update={"rotates": grads, "conventions": conventions}),
+            structure=structure.model_copy(update=update),
             reference=backward_reference(
                 spec,
-                [t.name for t in tensors if t.role == "input"],
-                list(structure.rotates),
-                dict(zip(structure.rotates, grads)),
+                inputs,
+                [*structure.rotates, *(w.name for w in weights)],
+                None if normed else dict(zip(structure.rotates, grads)),
             ),
         )
 
@@ -387,6 +453,13 @@ class RotaryFamily(Family):
 
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         structure, shape = spec.structure, tuple(case.shape)
+        by_name = {t.name: t for t in spec.tensors}
+        if structure.norm_inputs:  # a backward through a norm: its reads and outputs shaped as the forward's
+            like = dict(zip(structure.norm_inputs, structure.rotates))
+            weight_grads = [t.name for t in spec.outputs if t.dims != "*rows hidden"]
+            like |= dict(zip(weight_grads, structure.norm.weights))
+            if tensor.name in like:
+                return self.tensor_shape(spec, by_name[like[tensor.name]], case)
         if structure.norm and tensor.name in structure.norm.weights:  # [D], or [H·D] of its tensor's heads
             heads = 1 if len(shape) < 4 else shape[1]
             if len(shape) == 4 and case.k_heads and structure.norm.weights.index(tensor.name) > 0:
@@ -428,8 +501,12 @@ class RotaryFamily(Family):
             },
         )
         grid = structure.grid.code(names) if structure.grid is not None else None
-        norm = structure.norm.code(names, by_name) if structure.norm is not None else None
-        fake = [f"_output_like({t.name})" for t in rotated]
+        backward = structure.norm_inputs is not None
+        norm = structure.norm.code(names, by_name, backward) if structure.norm is not None else None
+        norm_inputs = [by_name[n] for n in structure.norm_inputs or ()]
+        weight_gradients = spec.outputs[len(rotated) :]
+        weights = structure.norm.weights if backward else []
+        fake = [f"_output_like({t.name})" for t in rotated] + [f"{w}.new_empty({w}.shape)" for w in weights]
         return RotaryContext(
             conventions=conventions,
             templates=self.templates,
@@ -443,6 +520,9 @@ class RotaryFamily(Family):
             heads_expr=[f"args.{t.name}_heads" for t in rotated],
             heads_in_flight=plans[0].heads_in_flight,
             norm=norm,
+            rotated_outputs=spec.outputs[: len(rotated)],
+            norm_inputs=norm_inputs,
+            weight_gradients=weight_gradients,
         )
 
 

@@ -10,12 +10,16 @@ from typing import Literal
 import sympy as sp
 from pydantic import Field
 
+from ..autodiff import derivative
 from ..codegen import evaluate, statements
 from ..dsl import Identifier, OpSpec, SympyExpr, Tensor, _Model, check_symbols
 
 # the norm's symbols: the element it normalizes, that element's weight, the statistic, the fp32 sum of the
-# summand over a head or token, and 1 / the count of elements summed (in fp32)
+# summand over a head or token, and 1 / the count of elements summed (in fp32); in its backward the gradient
+# reaching the normed element, and the gradient reaching the statistic's sum (its slope times the backward
+# sum)
 x, weight, rstd, row_sum, inv_count = sp.symbols("x weight rstd row_sum inv_count")
+grad_normed, grad_row_sum = sp.symbols("grad_normed grad_row_sum")
 WEIGHT_DIMS = {"head": "hidden", "token": "heads hidden"}  # a norm weight's dims, by what it normalizes
 
 
@@ -28,6 +32,17 @@ class NormCode:
     summand: list[str]  # sets sq from x
     finalize: list[str]  # sets stat from row_sum and inv_count
     normed: list[str]  # sets result from x, rstd and weight
+    gradient: NormGradientCode | None = None  # a backward through the norm
+
+
+@dataclass(frozen=True)
+class NormGradientCode:
+    """The norm's backward as the templates print it, per element."""
+
+    back_summand: list[str]  # sets partial from x, weight, rstd and grad_normed
+    slope: list[str]  # sets slope (dfinalize / drow_sum) from row_sum and inv_count
+    gradient: list[str]  # sets result (the input's gradient) from x, weight, rstd, grad_normed, grad_row_sum
+    weight_gradient: list[str]  # sets result (this element's share of its weight's gradient), as gradient
 
 
 class RotaryNorm(_Model):
@@ -65,21 +80,67 @@ class RotaryNorm(_Model):
         check_symbols(self.finalize, {"row_sum", "inv_count"} | floats, "structure.norm.finalize", False)
         check_symbols(self.normed, {"x", "weight", "rstd"} | floats, "structure.norm.normed")
 
-    def code(self, names: dict[str, str], inputs: dict[str, Tensor]) -> NormCode:
+    def gradients(self) -> dict[str, sp.Expr]:
+        """The norm's backward per element, derived by sympy (its roundings differentiate as the identity):
+        from grad_normed, the gradient reaching an element's normed value, the summand of the backward
+        sum over the head or token (grad_normed · ∂normed/∂rstd), the statistic's slope ∂finalize/∂row_sum,
+        the input's gradient (grad_row_sum: the slope times the backward sum) and the element's share of
+        its weight's gradient (the kernel sums it over the rows)."""
+        return {
+            "back_summand": grad_normed * derivative(self.normed, "rstd"),
+            "slope": derivative(self.finalize, "row_sum"),
+            "gradient": grad_normed * derivative(self.normed, "x")
+            + grad_row_sum * derivative(self.summand, "x"),
+            "weight_gradient": grad_normed * derivative(self.normed, "weight"),
+        }
+
+    def code(self, names: dict[str, str], inputs: dict[str, Tensor], backward: bool = False) -> NormCode:
         """The expressions printed for the kernel template (the norm's symbols are its functions'
-        arguments)."""
-        local = names | {s: s for s in ("x", "weight", "rstd", "row_sum", "inv_count")}
+        arguments), with its backward's where ``backward``."""
+        symbols = ("x", "weight", "rstd", "row_sum", "inv_count", "grad_normed", "grad_row_sum")
+        local = names | {s: s for s in symbols}
+        gradient = None
+        if backward:
+            g = self.gradients()
+            gradient = NormGradientCode(
+                statements({"partial": g["back_summand"]}, local),
+                statements({"slope": g["slope"]}, local),
+                statements({"result": g["gradient"]}, local),
+                statements({"result": g["weight_gradient"]}, local),
+            )
         return NormCode(
             self.over,
             [inputs[n] for n in self.weights],
             statements({"sq": self.summand}, local),
             statements({"stat": self.finalize}, local),
             statements({"result": self.normed}, local),
+            gradient,
         )
 
     def normalize(self, v, w, values: dict, io):
         """The norm's output for a rotated tensor v ([B, H, S, D], or [B, S, C] as one head) with its weight
         w, in float64 but for the fp32 1 / count and the expressions' own roundings."""
+        bound, _ = self._bound(v, w, values, io)
+        return evaluate(self.normed, bound, io).expand(v.shape)
+
+    def backward(self, v, w, dn, values: dict, io):
+        """The gradients of v and of its weight w (summed over every head and token, shaped like w) from dn,
+        the gradient reaching the norm's output, by the derived expressions (see `gradients`)."""
+        bound, dims = self._bound(v, w, values, io)
+        bound["grad_normed"] = dn.double()
+        g = self.gradients()
+        back_sum = evaluate(g["back_summand"], bound, io).expand(v.shape).sum(dims, keepdim=True)
+        bound["grad_row_sum"] = evaluate(g["slope"], bound, io) * back_sum
+        dx = evaluate(g["gradient"], bound, io).expand(v.shape)
+        dw = evaluate(g["weight_gradient"], bound, io).expand(v.shape)
+        shaped = bound["weight"]  # [D], or [H, 1, D] over a token: the dims it is broadcast over are summed
+        pad = v.dim() - shaped.dim()
+        summed = [d for d in range(v.dim()) if d < pad or shaped.shape[d - pad] == 1]
+        return dx, dw.sum(summed).reshape(w.shape)
+
+    def _bound(self, v, w, values: dict, io) -> tuple[dict, tuple]:
+        """The norm's symbols bound for v and its weight (shaped to broadcast over v), and the dims it
+        sums."""
         import torch
 
         dims = (-1,) if self.over == "head" or v.dim() < 4 else (1, -1)
@@ -89,6 +150,11 @@ class RotaryNorm(_Model):
         stat = evaluate(self.finalize, values | {"row_sum": row_sum, "inv_count": inv_count}, io)
         if self.over == "token" and v.dim() == 4:  # [H·D] or [H, D]: head h's channels
             w = w.reshape(v.shape[1], 1, v.shape[-1])
-        return evaluate(self.normed, values | {"x": v, "rstd": stat, "weight": w.double()}, io).expand(
-            v.shape
-        )
+        bound = values | {
+            "x": v,
+            "rstd": stat,
+            "weight": w.double(),
+            "row_sum": row_sum,
+            "inv_count": inv_count,
+        }
+        return bound, dims

@@ -12,9 +12,10 @@ roundings (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norm
 
 The rotary embedding: pos_embed (FluxPosEmbed) passes the ids on instead of building its two fp32 tables, and
 every attention rotates q and k in one rope_flux launch (over [B, H, S, D] views of the [B, S, H, D] heads)
-with the angles computed in the kernel from the ids, in float64 as FluxPosEmbed computes them. Where no
-gradient is wanted (inference), each stream's q/k norms and the rotation are one qk_norm_rope_flux launch
-instead (two in a double block: the text stream's and the image's, then concatenated). Not served yet:
+with the angles computed in the kernel from the ids, in float64 as FluxPosEmbed computes them. Where the q/k
+norms are served (inference and training: qk_norm_rope_flux has a derived backward), each stream's q/k norms
+and the rotation are one qk_norm_rope_flux launch instead (two in a double block: the text stream's and the
+image's, then concatenated). Not served yet:
 the residual adds that end each block (`+ gate · ff`, one add in the dtype each), which the next block's norm
 could take, as the LTX-Video patch does."""
 
@@ -248,9 +249,9 @@ class _Attention:
     """A Flux attention processor: diffusers' dataflow (projections, q/k norms, the text stream's own
     projections and norms put before the image's, rotary on both, attention dispatch, output projections) with
     q and k rotated by kgen's rope_flux in one launch, seen as [B, H, S, D] views, from the ids the patched
-    pos_embed passes on. Where no gradient is wanted, each stream's q/k norms and its rotation are one
-    qk_norm_rope_flux launch (the text stream's with its positions, the first ones), before the
-    concatenation."""
+    pos_embed passes on. Where the q/k norms are served (gradient wanted or not), each stream's q/k norms and
+    its rotation are one qk_norm_rope_flux launch (the text stream's with its positions, the first ones),
+    before the concatenation."""
 
     def __init__(self, rope, fused, original):
         self.rope, self.fused = rope, fused
@@ -279,7 +280,9 @@ class _Attention:
         q, k, v = heads(q), heads(k), heads(v)
         joint = attn.added_kv_proj_dim is not None  # the text stream's tokens go first
         norms = [(attn.norm_q, attn.norm_k)] + ([(attn.norm_added_q, attn.norm_added_k)] if joint else [])
-        if image_rotary_emb is not None and all(fuses_qk_norms(q, *pair) for pair in norms):
+        if image_rotary_emb is not None and all(
+            fuses_qk_norms(q, *pair, differentiable=True) for pair in norms
+        ):
             # the ids [1, 3, S], the same for every batch and head: the text's first
             positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
             split = text_q.shape[1] if joint else 0

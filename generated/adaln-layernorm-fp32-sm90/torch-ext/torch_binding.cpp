@@ -265,12 +265,13 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, double eps, int64_t convention) {
-    // what adaln_layernorm_fp32_backward reads
-    ctx->save_for_backward({x, scale, shift});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, scale, shift, eps);
+    const auto out = forward_op(convention).call(x, scale, shift, eps);
+    // what adaln_layernorm_fp32_backward reads: inputs
+    ctx->save_for_backward({x, scale, shift});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

@@ -282,12 +282,13 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& weight, double eps, int64_t convention) {
-    // what adaln_rmsnorm_backward reads (an absent input: undefined)
-    ctx->save_for_backward({x, scale, shift, weight.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, scale, shift, weight, eps);
+    const auto out = forward_op(convention).call(x, scale, shift, weight, eps);
+    // what adaln_rmsnorm_backward reads: inputs (an absent one: undefined)
+    ctx->save_for_backward({x, scale, shift, weight.value_or(torch::Tensor())});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

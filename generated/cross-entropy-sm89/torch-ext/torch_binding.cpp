@@ -246,8 +246,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["ignore_index"] = ignore_index;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const torch::Tensor out = forward_op(convention).call(logits, label, ignore_index);
-    // what cross_entropy_backward reads: inputs, then this call's output
+    const auto out = forward_op(convention).call(logits, label, ignore_index);
+    // what cross_entropy_backward reads: inputs, then outputs of this call
     ctx->save_for_backward({logits, label, out});
     return out;
   }

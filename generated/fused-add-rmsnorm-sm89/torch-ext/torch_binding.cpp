@@ -280,12 +280,12 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& residual, const std::optional<torch::Tensor>& weight, double eps, int64_t convention) {
-    // what fused_add_rmsnorm_backward reads (an absent input: undefined)
-    ctx->save_for_backward({x, residual, weight.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, residual, weight, eps);
+    // what fused_add_rmsnorm_backward reads: inputs (an absent one: undefined)
+    ctx->save_for_backward({x, residual, weight.value_or(torch::Tensor())});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 

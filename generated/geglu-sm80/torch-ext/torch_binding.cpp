@@ -243,11 +243,12 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t convention) {
-    // what geglu_backward reads
-    ctx->save_for_backward({x});
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x);
+    const auto out = forward_op(convention).call(x);
+    // what geglu_backward reads: inputs
+    ctx->save_for_backward({x});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

@@ -265,12 +265,13 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps, int64_t convention) {
-    // what layernorm_backward reads (an absent input: undefined)
-    ctx->save_for_backward({x, weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, weight, bias, eps);
+    const auto out = forward_op(convention).call(x, weight, bias, eps);
+    // what layernorm_backward reads: inputs (an absent one: undefined)
+    ctx->save_for_backward({x, weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor())});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

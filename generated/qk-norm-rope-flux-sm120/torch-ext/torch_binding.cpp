@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 #include "../qk_norm_rope_flux_cuda/qk_norm_rope_flux.h"
+#include "../qk_norm_rope_flux_cuda/qk_norm_rope_flux_backward.h"
 #include "registration.h"
 #include "torch_binding.h"
 
@@ -238,7 +239,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_qk_norm_rope_flux(const torch::Tens
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
   torch::Tensor k_out = output_like(k);
-  if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
+  if (x.numel() == 0 && k.numel() == 0) {
+    return std::make_tuple(out, k_out);
+  }
 
   kgen_qk_norm_rope_flux::QkNormRopeFluxArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -289,19 +292,323 @@ std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_flux(const torch::Tensor& 
   return run_qk_norm_rope_flux(x, k, x_weight, k_weight, positions, theta, dim_0, dim_1, dim_2, eps, kgen_qk_norm_rope_flux::Convention::k_single_rounding, "qk_norm_rope_flux");
 }
 
+// Autograd: the forward below the autograd layer, then qk_norm_rope_flux_backward on the saved inputs. Both are called
+// through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
+// The convention travels as its index; undefined output gradients arrive as zeros (materialized).
+const char* const kVariants[] = {"qk_norm_rope_flux"};
+const char* const kBackwardVariants[] = {"qk_norm_rope_flux_backward"};
+
+using ForwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, double, int64_t, int64_t, int64_t, double);
+using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, double, int64_t, int64_t, int64_t, double);
+
+template <typename Signature, size_t N>
+std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
+  std::vector<c10::TypedOperatorHandle<Signature>> handles;
+  for (const char* name : names)
+    handles.push_back(c10::Dispatcher::singleton()
+                          .findSchemaOrThrow((std::string(KGEN_OPS_NAME(TORCH_EXTENSION_NAME)) + "::" + name).c_str(), "")
+                          .typed<Signature>());
+  return handles;
+}
+
+// Looked up once, at the first call (the library has registered every op by then).
+const c10::TypedOperatorHandle<ForwardSignature>& forward_op(int64_t convention) {
+  static const auto ops = find_ops<ForwardSignature>(kVariants);
+  return ops[convention];
+}
+const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t convention) {
+  static const auto ops = find_ops<BackwardSignature>(kBackwardVariants);
+  return ops[convention];
+}
+
+struct Autograd : public torch::autograd::Function<Autograd> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps, int64_t convention) {
+    ctx->saved_data["convention"] = convention;
+    ctx->saved_data["theta"] = theta;
+    ctx->saved_data["dim_0"] = dim_0;
+    ctx->saved_data["dim_1"] = dim_1;
+    ctx->saved_data["dim_2"] = dim_2;
+    ctx->saved_data["eps"] = eps;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto outs = forward_op(convention).call(x, k, x_weight, k_weight, positions, theta, dim_0, dim_1, dim_2, eps);
+    // what qk_norm_rope_flux_backward reads: inputs
+    ctx->save_for_backward({x, k, x_weight, k_weight, positions});
+    return {std::get<0>(outs), std::get<1>(outs)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const int64_t convention = ctx->saved_data["convention"].toInt();
+    const auto result = backward_op(convention).call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3], saved[4], ctx->saved_data["theta"].toDouble(), ctx->saved_data["dim_0"].toInt(), ctx->saved_data["dim_1"].toInt(), ctx->saved_data["dim_2"].toInt(), ctx->saved_data["eps"].toDouble());
+    // One gradient per input (none for an absent one), then none for the params and the convention.
+    return {std::get<0>(result), std::get<1>(result), std::get<2>(result), std::get<3>(result), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Records the backward only where a gradient is wanted; otherwise straight to the kernel.
+bool wants_grad(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps) {
+  if (!torch::GradMode::is_enabled()) return false;
+  TORCH_CHECK_VALUE(!positions.requires_grad(), "qk_norm_rope_flux: positions requires grad, but qk_norm_rope_flux's derived backward ",
+                    "gives it no gradient (it is a constant of the op); detach it or compute it under torch.no_grad()");
+  return x.requires_grad() || k.requires_grad() || x_weight.requires_grad() || k_weight.requires_grad();
+}
+
+std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_flux_autograd(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps) {
+  if (wants_grad(x, k, x_weight, k_weight, positions, theta, dim_0, dim_1, dim_2, eps)) {
+    const auto outs = Autograd::apply(x, k, x_weight, k_weight, positions, theta, dim_0, dim_1, dim_2, eps, int64_t{0});
+    return std::make_tuple(outs[0], outs[1]);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_op(0).call(x, k, x_weight, k_weight, positions, theta, dim_0, dim_1, dim_2, eps);
+}
+
 void register_ops(torch::Library& ops) {
   ops.def("qk_norm_rope_flux(Tensor x, Tensor k, Tensor x_weight, Tensor k_weight, Tensor positions, float theta, int dim_0, int dim_1, int dim_2, float eps) -> (Tensor, Tensor)");
   ops.impl("qk_norm_rope_flux", torch::kCUDA, &qk_norm_rope_flux);
   // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
   ops.impl("qk_norm_rope_flux", torch::kCPU, &qk_norm_rope_flux);
-  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
-  ops.impl("qk_norm_rope_flux", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+  ops.impl("qk_norm_rope_flux", torch::kAutograd, &qk_norm_rope_flux_autograd);
 }
 
 }  // namespace qk_norm_rope_flux_binding
 
+// ---------------------------------------------------------------------------------------------
+// qk_norm_rope_flux_backward: the gradient of qk_norm_rope_flux (Flux.1 q/k RMSNorm over each head and rotary embedding in one pass, angles from the ids)
+// ---------------------------------------------------------------------------------------------
+namespace qk_norm_rope_flux_backward_binding {
+namespace {
+
+constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
+
+// The dtype of the lead tensor (grad_out), which every other I/O tensor shares.
+kgen_qk_norm_rope_flux_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kgen_qk_norm_rope_flux_backward::DType::k_float32;
+    case at::kHalf: return kgen_qk_norm_rope_flux_backward::DType::k_float16;
+    case at::kBFloat16: return kgen_qk_norm_rope_flux_backward::DType::k_bfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": grad_out has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_120) does not ",
+                       "support; expected one of: ", kSupportedDTypes);
+  }
+}
+
+void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but grad_out is on ",
+                    lead.device().str());
+}
+
+// The plans this library holds, newest arch first. A device runs the newest plans it can: a newer device than
+// every arch runs the newest through the driver's JIT of their PTX.
+struct Plans {
+  int capability;     // the arch's compute capability, e.g. 90
+  const char* arch;
+  unsigned dtypes;    // bit k: the plans run DType k
+  cudaError_t (*launch)(const kgen_qk_norm_rope_flux_backward::QkNormRopeFluxBackwardArgs&, cudaStream_t);
+};
+constexpr Plans kPlans[] = {
+    {120, "sm_120", 7u, &kgen_qk_norm_rope_flux_backward::launch_qk_norm_rope_flux_backward},
+};
+
+// The plans for the lead tensor's device; a device older than every arch, or a dtype its plans lack, is refused.
+const Plans& plans_for(const torch::Tensor& lead, kgen_qk_norm_rope_flux_backward::DType dtype, const char* op) {
+  const int capability = device_capability(lead.get_device());
+  for (const Plans& plans : kPlans) {
+    if (capability < plans.capability) continue;
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": grad_out has dtype ",
+                     c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
+                     plans.arch, ") do not support");
+    return plans;
+  }
+  TORCH_CHECK(false, op, ": this build targets sm_120 but ",
+              lead.device().str(), " is sm_", std::to_string(capability));
+}
+
+// A rotated tensor as [batch, heads, tokens, D]: a 4-D tensor as it is, [B, S, C] as one head, [T, D] as one batch
+// and one head. The last dim must have unit stride (anything else is copied once).
+torch::Tensor as_bhtd(const torch::Tensor& t) {
+  torch::Tensor v = t.dim() == 4 ? t : t.dim() == 3 ? t.unsqueeze(1) : t.dim() == 2 ? t.unsqueeze(0).unsqueeze(0)
+                                                                                   : t.view({1, 1, 1, -1});
+  return v.stride(3) == 1 ? v : v.contiguous();
+}
+
+// A rotated output in its input's layout when that is dense with a unit last stride (so [B, H, S, D] views of
+// [B, S, H, D] heads give [B, S, H, D] memory, which the attention after them reads and writes with no copy),
+// else contiguous. The fake kernel allocates the same.
+torch::Tensor output_like(const torch::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense()
+             ? torch::empty_strided(t.sizes(), t.strides(), t.options())
+             : torch::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> run_qk_norm_rope_flux_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps, kgen_qk_norm_rope_flux_backward::Convention convention, const char* op) {
+  check_device(grad_out, op, "grad_out", grad_out);
+  TORCH_CHECK_VALUE(grad_out.dim() >= 1 && grad_out.dim() <= 4, op, ": grad_out must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), got ",
+                    shape_str(grad_out.sizes()));
+  const kgen_qk_norm_rope_flux_backward::DType dtype = io_dtype(grad_out, op);
+  const torch::Tensor grad_out4 = as_bhtd(grad_out);
+  const int64_t batch = grad_out4.size(0), tokens = grad_out4.size(2), hidden = grad_out4.size(3);
+  TORCH_CHECK_VALUE(hidden % 2 == 0, op, ": grad_out's last dim holds pairs and must be even, got shape ", shape_str(grad_out.sizes()));
+  check_device(grad_k_out, op, "grad_k_out", grad_out);
+  TORCH_CHECK_TYPE(grad_k_out.scalar_type() == grad_out.scalar_type(), op, ": grad_k_out has dtype ",
+                   c10::toString(grad_k_out.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  TORCH_CHECK_VALUE(grad_k_out.dim() == grad_out.dim() && (grad_k_out.dim() == 4
+      ? grad_k_out.size(0) == batch && grad_k_out.size(2) == tokens && grad_k_out.size(3) == hidden
+      : grad_k_out.sizes() == grad_out.sizes()), op, ": grad_k_out must match grad_out but for the head count (dim 1 of a 4-D grad_out); grad_out has shape ",
+      shape_str(grad_out.sizes()), ", grad_k_out has ", shape_str(grad_k_out.sizes()));
+  const torch::Tensor grad_k_out4 = as_bhtd(grad_k_out);
+  // the forward's input the norm read, read again: shaped like its gradient grad_out
+  check_device(x, op, "x", grad_out);
+  TORCH_CHECK_TYPE(x.scalar_type() == grad_out.scalar_type(), op, ": x has dtype ",
+                   c10::toString(x.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  TORCH_CHECK_VALUE(x.sizes() == grad_out.sizes(), op, ": x must have the shape of grad_out, ",
+                    shape_str(grad_out.sizes()), ", got ", shape_str(x.sizes()));
+  const torch::Tensor x4 = as_bhtd(x);
+  // the forward's input the norm read, read again: shaped like its gradient grad_k_out
+  check_device(k, op, "k", grad_out);
+  TORCH_CHECK_TYPE(k.scalar_type() == grad_out.scalar_type(), op, ": k has dtype ",
+                   c10::toString(k.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  TORCH_CHECK_VALUE(k.sizes() == grad_k_out.sizes(), op, ": k must have the shape of grad_k_out, ",
+                    shape_str(grad_k_out.sizes()), ", got ", shape_str(k.sizes()));
+  const torch::Tensor k4 = as_bhtd(k);
+  // the norm before the rotation sums a head across consecutive lanes of one warp: D / (elements per
+  // 16-byte access) lanes, a power of two up to 32
+  const int64_t norm_elems = 16 / int64_t(grad_out.element_size()) * 1;
+  const int64_t norm_lanes = hidden / norm_elems;
+  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,
+                    ": the norm before the rotation serves head sizes D = ", std::to_string(norm_elems), " · 2^k up to ",
+                    std::to_string(32 * norm_elems), " in ", c10::toString(grad_out.scalar_type()), " (D / ", std::to_string(norm_elems),
+                    " lanes of one warp sum a head), got D = ", std::to_string(hidden));
+  check_device(x_weight, op, "x_weight", grad_out);
+  TORCH_CHECK_TYPE(x_weight.scalar_type() == grad_out.scalar_type(), op, ": x_weight has dtype ",
+                   c10::toString(x_weight.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  TORCH_CHECK_VALUE(x_weight.dim() == 1 && x_weight.size(0) == hidden, op, ": x_weight must have shape [D] = [",
+                    std::to_string(hidden), "] (grad_out's head size), got ", shape_str(x_weight.sizes()));
+  const torch::Tensor x_weight_dense = x_weight.contiguous();
+  check_device(k_weight, op, "k_weight", grad_out);
+  TORCH_CHECK_TYPE(k_weight.scalar_type() == grad_out.scalar_type(), op, ": k_weight has dtype ",
+                   c10::toString(k_weight.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));
+  TORCH_CHECK_VALUE(k_weight.dim() == 1 && k_weight.size(0) == hidden, op, ": k_weight must have shape [D] = [",
+                    std::to_string(hidden), "] (grad_k_out's head size), got ", shape_str(k_weight.sizes()));
+  const torch::Tensor k_weight_dense = k_weight.contiguous();
+
+  const float theta_f = static_cast<float>(theta);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(theta_f) && theta_f > 0, op, ": theta must be a finite number > 0 in float32, got ",
+                    number_str(theta));
+  const float eps_f = static_cast<float>(eps);  // the value the kernel gets
+  TORCH_CHECK_VALUE(std::isfinite(eps_f) && eps_f > 0, op, ": eps must be a finite number > 0 in float32, got ",
+                    number_str(eps));
+  // a head's channels split among the axes: [B, S, C] as one head, or [B, H, S, D]
+  TORCH_CHECK_VALUE(grad_out.dim() == 3 || grad_out.dim() == 4, op, ": grad_out must be [B, S, C] or [B, H, S, D], got shape ",
+                    shape_str(grad_out.sizes()));
+  // the axes' channel blocks: each even (whole pairs), together the last dim
+  TORCH_CHECK_VALUE(dim_0 >= 0 && dim_0 % 2 == 0, op, ": dim_0 must be an even integer >= 0 (whole pairs), got ", std::to_string(dim_0));
+  TORCH_CHECK_VALUE(dim_1 >= 0 && dim_1 % 2 == 0, op, ": dim_1 must be an even integer >= 0 (whole pairs), got ", std::to_string(dim_1));
+  TORCH_CHECK_VALUE(dim_2 >= 0 && dim_2 % 2 == 0, op, ": dim_2 must be an even integer >= 0 (whole pairs), got ", std::to_string(dim_2));
+  TORCH_CHECK_VALUE(dim_0 + dim_1 + dim_2 == hidden, op, ": the axes' channels dim_0 + dim_1 + dim_2 = ",
+                    std::to_string(dim_0), " + ", std::to_string(dim_1), " + ", std::to_string(dim_2), " must equal grad_out's last dim ", std::to_string(hidden));
+  check_device(positions, op, "positions", grad_out);
+  TORCH_CHECK_TYPE(positions.scalar_type() == at::kFloat, op, ": positions must be float32, got ", c10::toString(positions.scalar_type()));
+  TORCH_CHECK_VALUE(positions.dim() == 3 && positions.size(0) == batch && positions.size(1) == 3 && positions.size(2) == tokens, op,
+                    ": positions must have shape [B, 3, S] = [", std::to_string(batch), ", 3, ",
+                    std::to_string(tokens), "], got ", shape_str(positions.sizes()));
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  const Plans& device_plans = plans_for(grad_out, dtype, op);
+  torch::Tensor grad_x = output_like(grad_out);
+  torch::Tensor grad_k = output_like(grad_k_out);
+  torch::Tensor grad_x_weight = torch::empty_like(x_weight_dense);  // summed over every head and token
+  torch::Tensor grad_k_weight = torch::empty_like(k_weight_dense);  // summed over every head and token
+  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) {
+    grad_x_weight.zero_();  // a sum over no rows
+    grad_k_weight.zero_();  // a sum over no rows
+    return std::make_tuple(grad_x, grad_k, grad_x_weight, grad_k_weight);
+  }
+
+  kgen_qk_norm_rope_flux_backward::QkNormRopeFluxBackwardArgs args{};
+  args.x = x4.data_ptr();
+  args.x_batch_stride = x4.stride(0);
+  args.x_head_stride = x4.stride(1);
+  args.x_token_stride = x4.stride(2);
+  args.k = k4.data_ptr();
+  args.k_batch_stride = k4.stride(0);
+  args.k_head_stride = k4.stride(1);
+  args.k_token_stride = k4.stride(2);
+  args.grad_x_weight = grad_x_weight.data_ptr();
+  args.grad_k_weight = grad_k_weight.data_ptr();
+  // The blocks' partial sums: an fp32 tensor of the caching allocator, freed (stream-ordered) when this returns.
+  struct Workspace {
+    at::TensorOptions options;
+    torch::Tensor tensor;
+  } workspace{grad_out.options().dtype(at::kFloat), {}};
+  args.workspace = [](void* owner, int64_t floats) -> float* {
+    auto* w = static_cast<Workspace*>(owner);
+    w->tensor = torch::empty({floats}, w->options);
+    return w->tensor.data_ptr<float>();
+  };
+  args.workspace_owner = &workspace;
+  const torch::Tensor grad_x4 = as_bhtd(grad_x);
+  args.grad_out = grad_out4.data_ptr();
+  args.grad_out_batch_stride = grad_out4.stride(0);
+  args.grad_out_head_stride = grad_out4.stride(1);
+  args.grad_out_token_stride = grad_out4.stride(2);
+  args.grad_out_heads = grad_out4.size(1);
+  args.grad_x = grad_x4.data_ptr();
+  args.grad_x_batch_stride = grad_x4.stride(0);
+  args.grad_x_head_stride = grad_x4.stride(1);
+  args.grad_x_token_stride = grad_x4.stride(2);
+  const torch::Tensor grad_k4 = as_bhtd(grad_k);
+  args.grad_k_out = grad_k_out4.data_ptr();
+  args.grad_k_out_batch_stride = grad_k_out4.stride(0);
+  args.grad_k_out_head_stride = grad_k_out4.stride(1);
+  args.grad_k_out_token_stride = grad_k_out4.stride(2);
+  args.grad_k_out_heads = grad_k_out4.size(1);
+  args.grad_k = grad_k4.data_ptr();
+  args.grad_k_batch_stride = grad_k4.stride(0);
+  args.grad_k_head_stride = grad_k4.stride(1);
+  args.grad_k_token_stride = grad_k4.stride(2);
+  args.x_weight = x_weight_dense.data_ptr();
+  args.k_weight = k_weight_dense.data_ptr();
+  args.positions = positions.data_ptr<float>();
+  args.positions_batch_stride = positions.stride(0);
+  args.positions_axis_stride = positions.stride(1);
+  args.positions_token_stride = positions.stride(2);
+  args.batch = batch;
+  args.tokens = tokens;
+  args.hidden = hidden;
+  args.theta = theta_f;
+  args.dim_0 = dim_0;
+  args.dim_1 = dim_1;
+  args.dim_2 = dim_2;
+  args.eps = eps_f;
+  args.dtype = dtype;
+  args.convention = convention;
+  const cudaError_t err = device_plans.launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return std::make_tuple(grad_x, grad_k, grad_x_weight, grad_k_weight);
+}
+
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> qk_norm_rope_flux_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps) {
+  return run_qk_norm_rope_flux_backward(grad_out, grad_k_out, x, k, x_weight, k_weight, positions, theta, dim_0, dim_1, dim_2, eps, kgen_qk_norm_rope_flux_backward::Convention::k_single_rounding, "qk_norm_rope_flux_backward");
+}
+
+void register_ops(torch::Library& ops) {
+  ops.def("qk_norm_rope_flux_backward(Tensor grad_out, Tensor grad_k_out, Tensor x, Tensor k, Tensor x_weight, Tensor k_weight, Tensor positions, float theta, int dim_0, int dim_1, int dim_2, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+  ops.impl("qk_norm_rope_flux_backward", torch::kCUDA, &qk_norm_rope_flux_backward);
+  // CPU inputs reach the same checks, so they fail with "grad_out must be a CUDA tensor".
+  ops.impl("qk_norm_rope_flux_backward", torch::kCPU, &qk_norm_rope_flux_backward);
+  // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
+  ops.impl("qk_norm_rope_flux_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace qk_norm_rope_flux_backward_binding
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   qk_norm_rope_flux_binding::register_ops(ops);
+  qk_norm_rope_flux_backward_binding::register_ops(ops);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -7,3 +7,8 @@ namespace qk_norm_rope_flux_binding {
 // qk_norm_rope_flux: convention single_rounding (diffusers Flux attention: torch.nn.RMSNorm over head_dim (rounded to the dtype), then FluxPosEmbed + apply_rotary_emb: float64 angles, fp32 tables, fp32 math, one rounding)
 std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_flux(const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps);
 }  // namespace qk_norm_rope_flux_binding
+
+namespace qk_norm_rope_flux_backward_binding {
+// qk_norm_rope_flux_backward: convention single_rounding (the gradient of single_rounding (roundings differentiate as the identity), reaching the normed values; the norm's backward takes it to the inputs)
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> qk_norm_rope_flux_backward(const torch::Tensor& grad_out, const torch::Tensor& grad_k_out, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& x_weight, const torch::Tensor& k_weight, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, double eps);
+}  // namespace qk_norm_rope_flux_backward_binding

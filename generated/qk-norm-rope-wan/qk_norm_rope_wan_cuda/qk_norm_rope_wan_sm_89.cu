@@ -354,9 +354,7 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
       rotate_store(head, v0);
     }
   }
-}
-
-template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
+}template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
 cudaError_t launch_config(const QkNormRopeWanArgs& args, const Params& params, cudaStream_t stream) {
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.

@@ -256,7 +256,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_qk_norm_rope_wan(const torch::Tenso
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
   torch::Tensor k_out = output_like(k);
-  if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
+  if (x.numel() == 0 && k.numel() == 0) {
+    return std::make_tuple(out, k_out);
+  }
 
   kgen_qk_norm_rope_wan::QkNormRopeWanArgs args{};
   const torch::Tensor out4 = as_bhtd(out);

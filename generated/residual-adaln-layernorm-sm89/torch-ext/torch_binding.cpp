@@ -304,12 +304,12 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& scale, const torch::Tensor& shift, const std::optional<torch::Tensor>& gate, double eps, int64_t convention) {
-    // what residual_adaln_layernorm_backward reads (an absent input: undefined)
-    ctx->save_for_backward({x, h, scale, shift, gate.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, h, scale, shift, gate, eps);
+    // what residual_adaln_layernorm_backward reads: inputs (an absent one: undefined)
+    ctx->save_for_backward({x, h, scale, shift, gate.value_or(torch::Tensor())});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 

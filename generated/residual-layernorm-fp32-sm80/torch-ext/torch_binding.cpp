@@ -290,12 +290,12 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& h, const torch::Tensor& gate, const std::optional<torch::Tensor>& weight, const std::optional<torch::Tensor>& bias, double eps, int64_t convention) {
-    // what residual_layernorm_fp32_backward reads (an absent input: undefined)
-    ctx->save_for_backward({x, h, gate, weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor())});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, h, gate, weight, bias, eps);
+    // what residual_layernorm_fp32_backward reads: inputs (an absent one: undefined)
+    ctx->save_for_backward({x, h, gate, weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor())});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 

@@ -214,7 +214,9 @@ torch::Tensor run_rope_apply(const torch::Tensor& x, const torch::Tensor& cos, c
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
-  if (x.numel() == 0) return out;
+  if (x.numel() == 0) {
+    return out;
+  }
 
   kgen_rope_apply::RopeApplyArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -281,11 +283,12 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, int64_t convention) {
-    // what rope_apply_backward reads
-    ctx->save_for_backward({cos, sin});
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, cos, sin);
+    const auto out = forward_op(convention).call(x, cos, sin);
+    // what rope_apply_backward reads: inputs
+    ctx->save_for_backward({cos, sin});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -429,7 +432,9 @@ torch::Tensor run_rope_apply_backward(const torch::Tensor& grad_out, const torch
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
-  if (grad_out.numel() == 0) return grad_x;
+  if (grad_out.numel() == 0) {
+    return grad_x;
+  }
 
   kgen_rope_apply_backward::RopeApplyBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

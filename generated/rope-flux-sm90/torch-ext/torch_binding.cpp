@@ -216,7 +216,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_flux(const torch::Tensor& x, c
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
   torch::Tensor k_out = output_like(k);
-  if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
+  if (x.numel() == 0 && k.numel() == 0) {
+    return std::make_tuple(out, k_out);
+  }
 
   kgen_rope_flux::RopeFluxArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -295,8 +297,6 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& positions, double theta, int64_t dim_0, int64_t dim_1, int64_t dim_2, int64_t convention) {
-    // what rope_flux_backward reads
-    ctx->save_for_backward({positions});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["theta"] = theta;
     ctx->saved_data["dim_0"] = dim_0;
@@ -304,6 +304,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     ctx->saved_data["dim_2"] = dim_2;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, k, positions, theta, dim_0, dim_1, dim_2);
+    // what rope_flux_backward reads: inputs
+    ctx->save_for_backward({positions});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 
@@ -451,7 +453,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_flux_backward(const torch::Ten
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
   torch::Tensor grad_k = output_like(grad_k_out);
-  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
+  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) {
+    return std::make_tuple(grad_x, grad_k);
+  }
 
   kgen_rope_flux_backward::RopeFluxBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

@@ -223,9 +223,7 @@ rope_kernel(const RopeArgs args, Index chunks, Index heads_per_thread, Params pa
       rotate_store(head, v0);
     }
   }
-}
-
-template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
+}template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
 cudaError_t launch_config(const RopeArgs& args, const Params& params, cudaStream_t stream) {
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.

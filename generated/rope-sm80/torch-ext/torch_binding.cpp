@@ -229,7 +229,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope(const torch::Tensor& x, const 
       : output_like(k);
   TORCH_CHECK_VALUE(!inplace || k.stride(-1) == 1, op, ": k is rotated in place, so its last dim ",
                     "must have unit stride (a copy would lose the update)");
-  if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
+  if (x.numel() == 0 && k.numel() == 0) {
+    return std::make_tuple(out, k_out);
+  }
 
   kgen_rope::RopeArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -320,11 +322,11 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& k, const torch::Tensor& cos, const torch::Tensor& sin, int64_t convention) {
-    // what rope_backward reads
-    ctx->save_for_backward({cos, sin});
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, k, cos, sin);
+    // what rope_backward reads: inputs
+    ctx->save_for_backward({cos, sin});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 
@@ -506,7 +508,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_backward(const torch::Tensor& 
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
   torch::Tensor grad_k = output_like(grad_k_out);
-  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
+  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) {
+    return std::make_tuple(grad_x, grad_k);
+  }
 
   kgen_rope_backward::RopeBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

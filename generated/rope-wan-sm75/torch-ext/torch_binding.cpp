@@ -215,7 +215,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_wan(const torch::Tensor& x, co
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
   torch::Tensor k_out = output_like(k);
-  if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
+  if (x.numel() == 0 && k.numel() == 0) {
+    return std::make_tuple(out, k_out);
+  }
 
   kgen_rope_wan::RopeWanArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -293,8 +295,6 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& k, int64_t frames, int64_t height, int64_t width, double theta, int64_t dim_t, int64_t dim_h, int64_t dim_w, int64_t convention) {
-    // what rope_wan_backward reads
-    ctx->save_for_backward({});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["frames"] = frames;
     ctx->saved_data["height"] = height;
@@ -305,6 +305,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     ctx->saved_data["dim_w"] = dim_w;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, k, frames, height, width, theta, dim_t, dim_h, dim_w);
+    // what rope_wan_backward reads: inputs
+    ctx->save_for_backward({});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 
@@ -449,7 +451,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope_wan_backward(const torch::Tens
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
   torch::Tensor grad_k = output_like(grad_k_out);
-  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
+  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) {
+    return std::make_tuple(grad_x, grad_k);
+  }
 
   kgen_rope_wan_backward::RopeWanBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

@@ -210,7 +210,9 @@ torch::Tensor run_rope3d_coords(const torch::Tensor& x, const torch::Tensor& coo
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
-  if (x.numel() == 0) return out;
+  if (x.numel() == 0) {
+    return out;
+  }
 
   kgen_rope3d_coords::Rope3DCoordsArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -279,15 +281,16 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& coords, double theta, double base_frames, double base_height, double base_width, int64_t convention) {
-    // what rope3d_coords_backward reads
-    ctx->save_for_backward({coords});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["theta"] = theta;
     ctx->saved_data["base_frames"] = base_frames;
     ctx->saved_data["base_height"] = base_height;
     ctx->saved_data["base_width"] = base_width;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, coords, theta, base_frames, base_height, base_width);
+    const auto out = forward_op(convention).call(x, coords, theta, base_frames, base_height, base_width);
+    // what rope3d_coords_backward reads: inputs
+    ctx->save_for_backward({coords});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -425,7 +428,9 @@ torch::Tensor run_rope3d_coords_backward(const torch::Tensor& grad_out, const to
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
-  if (grad_out.numel() == 0) return grad_x;
+  if (grad_out.numel() == 0) {
+    return grad_x;
+  }
 
   kgen_rope3d_coords_backward::Rope3DCoordsBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

@@ -234,7 +234,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope3d_qk(const torch::Tensor& x, c
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
   torch::Tensor k_out = output_like(k);
-  if (x.numel() == 0 && k.numel() == 0) return std::make_tuple(out, k_out);
+  if (x.numel() == 0 && k.numel() == 0) {
+    return std::make_tuple(out, k_out);
+  }
 
   kgen_rope3d_qk::Rope3DQkArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -317,8 +319,6 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& k, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch, int64_t convention) {
-    // what rope3d_qk_backward reads
-    ctx->save_for_backward({});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["frames"] = frames;
     ctx->saved_data["height"] = height;
@@ -334,6 +334,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     ctx->saved_data["patch"] = patch;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, k, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch);
+    // what rope3d_qk_backward reads: inputs
+    ctx->save_for_backward({});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 
@@ -497,7 +499,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_rope3d_qk_backward(const torch::Ten
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
   torch::Tensor grad_k = output_like(grad_k_out);
-  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) return std::make_tuple(grad_x, grad_k);
+  if (grad_out.numel() == 0 && grad_k_out.numel() == 0) {
+    return std::make_tuple(grad_x, grad_k);
+  }
 
   kgen_rope3d_qk_backward::Rope3DQkBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

@@ -225,7 +225,9 @@ torch::Tensor run_rope3d(const torch::Tensor& x, int64_t frames, int64_t height,
   const c10::cuda::CUDAGuard guard(x.device());
   const Plans& device_plans = plans_for(x, dtype, op);
   torch::Tensor out = output_like(x);
-  if (x.numel() == 0) return out;
+  if (x.numel() == 0) {
+    return out;
+  }
 
   kgen_rope3d::Rope3DArgs args{};
   const torch::Tensor out4 = as_bhtd(out);
@@ -298,8 +300,6 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t frames, int64_t height, int64_t width, double theta, double base_frames, double base_height, double base_width, double scale_t, double scale_h, double scale_w, double patch_t, double patch, int64_t convention) {
-    // what rope3d_backward reads
-    ctx->save_for_backward({});
     ctx->saved_data["convention"] = convention;
     ctx->saved_data["frames"] = frames;
     ctx->saved_data["height"] = height;
@@ -314,7 +314,10 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     ctx->saved_data["patch_t"] = patch_t;
     ctx->saved_data["patch"] = patch;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch);
+    const auto out = forward_op(convention).call(x, frames, height, width, theta, base_frames, base_height, base_width, scale_t, scale_h, scale_w, patch_t, patch);
+    // what rope3d_backward reads: inputs
+    ctx->save_for_backward({});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -465,7 +468,9 @@ torch::Tensor run_rope3d_backward(const torch::Tensor& grad_out, int64_t frames,
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const Plans& device_plans = plans_for(grad_out, dtype, op);
   torch::Tensor grad_x = output_like(grad_out);
-  if (grad_out.numel() == 0) return grad_x;
+  if (grad_out.numel() == 0) {
+    return grad_x;
+  }
 
   kgen_rope3d_backward::Rope3DBackwardArgs args{};
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

@@ -278,9 +278,7 @@ rope3d_kernel(const Rope3DArgs args, Index chunks, Index heads_per_thread, Param
       rotate_store(head, v0);
     }
   }
-}
-
-template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
+}template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
 cudaError_t launch_config(const Rope3DArgs& args, const Params& params, cudaStream_t stream) {
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.

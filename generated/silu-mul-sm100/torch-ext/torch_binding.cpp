@@ -246,11 +246,12 @@ const c10::TypedOperatorHandle<BackwardSignature>& backward_op(int64_t conventio
 
 struct Autograd : public torch::autograd::Function<Autograd> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& up, int64_t convention) {
-    // what silu_mul_backward reads
-    ctx->save_for_backward({x, up});
     ctx->saved_data["convention"] = convention;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op(convention).call(x, up);
+    const auto out = forward_op(convention).call(x, up);
+    // what silu_mul_backward reads: inputs
+    ctx->save_for_backward({x, up});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

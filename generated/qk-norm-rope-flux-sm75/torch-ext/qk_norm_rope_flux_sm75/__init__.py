@@ -70,4 +70,24 @@ def _qk_norm_rope_flux_fake(x: torch.Tensor, k: torch.Tensor, x_weight: torch.Te
 _register_fake("qk_norm_rope_flux", _qk_norm_rope_flux_fake)
 
 
+def _qk_norm_rope_flux_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, x_weight: torch.Tensor, k_weight: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, dim_0: int = 16, dim_1: int = 56, dim_2: int = 56, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through qk_norm_rope_flux_backward."""
+    torch._check(grad_out.dim() >= 1, lambda: "qk_norm_rope_flux_backward: grad_out must have at least one dim")
+    torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"qk_norm_rope_flux_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
+    torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "qk_norm_rope_flux_backward: grad_k_out must have grad_out's last dim")
+    torch._check(x.dtype == grad_out.dtype, lambda: f"qk_norm_rope_flux_backward: x has dtype {x.dtype} but grad_out has {grad_out.dtype}")
+    torch._check(x.shape[-1] == grad_out.shape[-1], lambda: "qk_norm_rope_flux_backward: x must have grad_out's last dim")
+    torch._check(k.dtype == grad_out.dtype, lambda: f"qk_norm_rope_flux_backward: k has dtype {k.dtype} but grad_out has {grad_out.dtype}")
+    torch._check(k.shape[-1] == grad_out.shape[-1], lambda: "qk_norm_rope_flux_backward: k must have grad_out's last dim")
+    torch._check(x_weight.dtype == grad_out.dtype, lambda: f"qk_norm_rope_flux_backward: x_weight has dtype {x_weight.dtype} but grad_out has {grad_out.dtype}")
+    torch._check(k_weight.dtype == grad_out.dtype, lambda: f"qk_norm_rope_flux_backward: k_weight has dtype {k_weight.dtype} but grad_out has {grad_out.dtype}")
+    torch._check(positions.dtype == torch.float32, lambda: f"qk_norm_rope_flux_backward: positions must be float32, got {positions.dtype}")
+    torch._check(x_weight.dim() == 1 and x_weight.shape[0] == grad_out.shape[-1], lambda: "qk_norm_rope_flux_backward: x_weight must have shape [D] (grad_out's head size)")
+    torch._check(k_weight.dim() == 1 and k_weight.shape[0] == grad_k_out.shape[-1], lambda: "qk_norm_rope_flux_backward: k_weight must have shape [D] (grad_k_out's head size)")
+    return (_output_like(grad_out), _output_like(grad_k_out), x_weight.new_empty(x_weight.shape), k_weight.new_empty(k_weight.shape))
+
+
+_register_fake("qk_norm_rope_flux_backward", _qk_norm_rope_flux_backward_fake)
+
+
 __all__ = ["qk_norm_rope_flux", "layers", "CONVENTIONS"]
