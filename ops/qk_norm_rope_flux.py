@@ -2,7 +2,8 @@
 text stream's norm_added_q and norm_added_k) and its rotary embedding (rope_flux: angles in the kernel from
 the ids, in float64 as diffusers builds its tables) in one pass: q and k are read once and written once,
 instead of twice. The norm rounds to the I/O dtype as the RMSNorm's output does, then the rotation rounds
-once. Forward only: training keeps rmsnorm and rope_flux, which have backward kernels.
+once. Its backward is derived: the rotation by -θ of the incoming gradients, then the norm's backward (q and
+k read again, both weights' gradients summed over every head and token).
 
 Order: reference, the implementations it replaces, then the spec.
 """
