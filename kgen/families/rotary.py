@@ -240,7 +240,8 @@ class RotaryFamily(Family):
                 if per_head_norm
                 else f"with {'rotate_half' if pairing == 'half' else pairing} pairs"
             )
-            + ", all loaded before the first is stored (profile planner.rotary.heads_in_flight)",
+            + ", all loaded before the first is stored, held as loaded (16-bit elements two to a register) "
+            "until their math (profile planner.rotary.heads_in_flight)",
         }
         if norm := spec.structure.norm:
             lanes = "head" if norm.over == "head" else "token (every head of it: one thread walks them all)"

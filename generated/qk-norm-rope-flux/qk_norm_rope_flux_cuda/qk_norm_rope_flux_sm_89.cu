@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: 1 head in flight per thread with a norm over each head, all loaded before the first is stored (profile planner.rotary.heads_in_flight)
+//   heads in flight: 1 head in flight per thread with a norm over each head, all loaded before the first is stored, held as loaded (16-bit elements two to a register) until their math (profile planner.rotary.heads_in_flight)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
@@ -205,6 +205,26 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
   }
 }
 
+// ELEMS consecutive elements from p as loaded (one kAccessBytes-byte access, or one element at a time), to be
+// converted when their math comes: 16-bit elements held two to a register.
+template <int ELEMS, bool VEC, typename S>
+__device__ __forceinline__ Pack<S, ELEMS> load_pack(const S* p) {
+  if constexpr (VEC) {
+    return *reinterpret_cast<const Pack<S, ELEMS>*>(p);
+  } else {
+    Pack<S, ELEMS> out;
+#pragma unroll
+    for (int j = 0; j < ELEMS; ++j) out.v[j] = p[j];
+    return out;
+  }
+}
+
+template <int ELEMS, typename S>
+__device__ __forceinline__ void unpack(const Pack<S, ELEMS>& p, float* out) {
+#pragma unroll
+  for (int j = 0; j < ELEMS; ++j) out[j] = to_float(p.v[j]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel: a thread keeps one channel group (ELEMS channels) and
 // walks tokens with a stride; per token it gets cos and sin once (computed from the token's grid position),
@@ -320,7 +340,9 @@ qk_norm_rope_flux_kernel(const QkNormRopeFluxArgs args, Index chunks, Index head
     };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
-    for (; head < head_end; ++head) {  // one head in flight: fewer registers, more resident warps
+    // one head in flight: fewer registers, more resident warps (loading the next head before this one's math
+    // cost a block per SM and 4-10 % at Flux's and Llama's shapes: bench/results/rotary-prefetch-2026-12-04)
+    for (; head < head_end; ++head) {
       float v0[kCos];
       load(head, v0);
       rotate_store(head, v0);

@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored (profile planner.rotary.heads_in_flight)
+//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded (16-bit elements two to a register) until their math (profile planner.rotary.heads_in_flight)
 //   norm: each token (every head of it: one thread walks them all) normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the token (consecutive lanes of one warp) add theirs by warp shuffles; the token's heads are read twice (the sum, then the rotation: the second read from L1/L2); the scalar path keeps the vector path's elements per thread, so that the lanes of a token are the same
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
@@ -208,6 +208,26 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[ELEMS]) {
   }
 }
 
+// ELEMS consecutive elements from p as loaded (one kAccessBytes-byte access, or one element at a time), to be
+// converted when their math comes: 16-bit elements held two to a register.
+template <int ELEMS, bool VEC, typename S>
+__device__ __forceinline__ Pack<S, ELEMS> load_pack(const S* p) {
+  if constexpr (VEC) {
+    return *reinterpret_cast<const Pack<S, ELEMS>*>(p);
+  } else {
+    Pack<S, ELEMS> out;
+#pragma unroll
+    for (int j = 0; j < ELEMS; ++j) out.v[j] = p[j];
+    return out;
+  }
+}
+
+template <int ELEMS, typename S>
+__device__ __forceinline__ void unpack(const Pack<S, ELEMS>& p, float* out) {
+#pragma unroll
+  for (int j = 0; j < ELEMS; ++j) out[j] = to_float(p.v[j]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel: a thread keeps one channel group (ELEMS channels) and
 // walks tokens with a stride; per token it gets cos and sin once (computed from the token's grid position),
@@ -323,6 +343,24 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
       if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
     };
+    // Head h's accesses as loaded, for a head whose math waits for another's: 16-bit elements two to a register
+    // (held as fp32, two heads took 7-9 % longer in rope_wan and rope3d_qk: bench/results/rotary-prefetch-2026-12-04)
+    struct Held {
+      Pack<T, ELEMS> parts[kHalfPairs ? 2 : 1];
+    };
+    auto fetch = [&](Index h) {
+      Held held;
+#pragma unroll
+      for (int part = 0; part < (kHalfPairs ? 2 : 1); ++part)
+        held.parts[part] = load_pack<ELEMS, VEC>(in_ptr(h) + part * (args.hidden / 2));
+      return held;
+    };
+    auto rotate_held = [&](Index h, const Held& held) {
+      float v[kCos];
+#pragma unroll
+      for (int part = 0; part < (kHalfPairs ? 2 : 1); ++part) unpack(held.parts[part], v + part * ELEMS);
+      rotate_store(h, v);
+    };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
     // the token's statistic per rotated tensor: its heads summed first (every head: the launcher keeps one
@@ -342,17 +380,11 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
       for (int i = 0; i < 2; ++i) rstd_of[i] = Norm::statistic(lanes_sum(sum[i], lanes_mask, int(groups)), inv_count[i], params);
     }
     for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
-      float v0[kCos], v1[kCos];
-      load(head, v0);
-      load(head + 1, v1);
-      rotate_store(head, v0);
-      rotate_store(head + 1, v1);
+      const Held h0 = fetch(head), h1 = fetch(head + 1);
+      rotate_held(head, h0);
+      rotate_held(head + 1, h1);
     }
-    if (head < head_end) {
-      float v0[kCos];
-      load(head, v0);
-      rotate_store(head, v0);
-    }
+    if (head < head_end) rotate_held(head, fetch(head));
   }
 }template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
 cudaError_t launch_config(const QkNormRopeWanArgs& args, const Params& params, cudaStream_t stream) {
