@@ -240,8 +240,12 @@ class RotaryFamily(Family):
                 if per_head_norm
                 else f"with {'rotate_half' if pairing == 'half' else pairing} pairs"
             )
-            + ", all loaded before the first is stored, held as loaded (16-bit elements two to a register) "
-            "until their math (profile planner.rotary.heads_in_flight)",
+            + (
+                ", all loaded before the first is stored, held as loaded until their math"
+                if heads > 1
+                else ""
+            )
+            + " (profile planner.rotary.heads_in_flight)",
         }
         if norm := spec.structure.norm:
             lanes = "head" if norm.over == "head" else "token (every head of it: one thread walks them all)"
@@ -317,6 +321,9 @@ class RotaryFamily(Family):
             choices.append(("norm", f"over a {spec.structure.norm.over}", kernel.notes["norm"]))
         if "angles" in kernel.notes:
             choices.append(("angles", spec.structure.grid.precision, kernel.notes["angles"]))
+        if "weight gradients" in kernel.notes:
+            partials = f"≤ {kernel.wave_threads // b.block_threads} fp32 partial rows per weight"
+            choices.append(("weight gradients", partials, kernel.notes["weight gradients"]))
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )

@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded (16-bit elements two to a register) until their math (profile planner.rotary.heads_in_flight)
+//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded until their math (profile planner.rotary.heads_in_flight)
 //   norm: each token (every head of it: one thread walks them all) normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the token (consecutive lanes of one warp) add theirs by warp shuffles; the token's heads are read twice (the sum, then the rotation: the second read from L1/L2); the scalar path keeps the vector path's elements per thread, so that the lanes of a token are the same
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block

@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (rotate_half pairs: hidden a multiple of twice that): the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: 1 head in flight per thread with rotate_half pairs, all loaded before the first is stored, held as loaded (16-bit elements two to a register) until their math (profile planner.rotary.heads_in_flight)
+//   heads in flight: 1 head in flight per thread with rotate_half pairs (profile planner.rotary.heads_in_flight)
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block
 //   float16: 8 elem/access, 1 elem/access; 256 threads/block
 //   bfloat16: 8 elem/access, 1 elem/access; 256 threads/block

@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
-//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded (16-bit elements two to a register) until their math (profile planner.rotary.heads_in_flight)
+//   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded until their math (profile planner.rotary.heads_in_flight)
 //   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
 //   float16: 8 elem/access, 2 elem/access; 256 threads/block
