@@ -274,7 +274,7 @@ class Structure(_Model):
     declares: ClassVar[frozenset[str]] = (
         frozenset()
     )  # identifiers its templates declare beside the spec's names
-    column_outputs: ClassVar[bool] = False  # whether outputs may be 'hidden' (a sum over the rows)
+    column_outputs: ClassVar[tuple[str, ...]] = ()  # the dims of outputs summed over the rows, if it has any
     row_output_dims: ClassVar[tuple[str, ...]] = ("*rows hidden", "*rows 2*hidden")  # its per-row outputs'
     int_inputs: ClassVar[bool] = False  # whether it takes int64 inputs
 
@@ -384,11 +384,12 @@ class OpSpec(_Model):
             raise ValueError("optional inputs must come after every required input (Python signature order)")
         row_outputs = [t for t in self.outputs if t.dims in structure.row_output_dims]
         if not row_outputs or any(
-            t not in row_outputs and not (t.column and structure.column_outputs) for t in self.outputs
+            t not in row_outputs and t.dims not in structure.column_outputs for t in self.outputs
         ):
+            summed = " or ".join(map(repr, structure.column_outputs))
             raise ValueError(
                 f"an op needs {' or '.join(map(repr, structure.row_output_dims))} outputs, at least one"
-                + (", and 'hidden' outputs (summed over the rows)" if structure.column_outputs else " only")
+                + (f", and {summed} outputs (summed over the rows)" if summed else " only")
             )
         if not structure.int_inputs and (ints := [t.name for t in self.tensors if t.dtype == "int64"]):
             raise ValueError(f"{ints}: {structure.kind} ops take no int64 tensors")

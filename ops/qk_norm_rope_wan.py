@@ -3,7 +3,8 @@ norm_k, over every head of a token) and its 3D rotary embedding (rope_wan: angle
 latent grid, in float64 as diffusers builds its tables) in one pass: q and k are read twice (the token's sum,
 then the rotation, the second read mostly from L1/L2) and written once, instead of read twice and written
 twice by two ops. The norm rounds to the I/O dtype as the RMSNorm's output does, then the rotation rounds
-once. Forward only: training keeps rmsnorm and rope_wan, which have backward kernels.
+once. Its backward is derived: a first kernel per token (the incoming gradients rotated by -θ, the norm's
+statistic and backward sum, the inputs' gradients), a second summing the weights' per-head channels.
 
 Order: reference, the implementations it replaces, then the spec.
 """

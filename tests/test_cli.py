@@ -26,10 +26,8 @@ def test_list():
         assert word in result.output
     rows = {line.split(" | ")[0]: line for line in run("list").output.splitlines() if " | " in line}
     assert rows["geglu"].endswith(" | derived") and rows["rmsnorm"].endswith(" | derived")
-    forward_only = {op for op in op_names() if family_of(load_spec(op)).backward(load_spec(op)) is None}
-    assert forward_only == {"qk_norm_rope_wan"}  # a norm over a token's heads: no backward yet
-    assert all(row.endswith(" | derived") for op, row in rows.items() if op in set(op_names()) - forward_only)
-    assert all(rows[op].endswith(" | -") for op in forward_only)
+    assert all(family_of(load_spec(op)).backward(load_spec(op)) is not None for op in op_names())
+    assert all(row.endswith(" | derived") for op, row in rows.items() if op in set(op_names()))
 
 
 def test_explain_prints_every_choice_and_the_roofline():

@@ -136,7 +136,7 @@ SIZES = {
     "families/base.py": 415,  # example_input(s): the inputs a family draws (labels, a saved loss)
     "families/rotary.py": 540,
     "families/rotary_grid.py": 200,
-    "families/rotary_norm.py": 165,
+    "families/rotary_norm.py": 200,
     "families/column_reduce.py": 668,  # two schedules (rows held on chip, split rows); passed-on gradients
     "families/row_backward.py": 206,  # split sums (linear_parts), zero-sum parts, passed-on gradients
     "families/elementwise.py": 260,

@@ -2,10 +2,10 @@
 over every head of a token) on the GPU: hypothesis property tests against the float64 references (head sizes,
 heads, tokens, dtypes, magnitudes, layouts as the models pass them), the two-op pipelines they replace (kgen's
 rmsnorm then rope_flux / rope_wan, and the spec's diffusers peer), a NaN staying in its head or token, the
-refused head sizes and weights, opcheck and torch.compile. The derived backward (a norm over each head):
-gradients of q, k and both weights against float64 autograd of the reference, no worse than the library's own
-bf16 autograd; the weights' sums bitwise equal run to run; opcheck with inputs that require grad, and a
-compiled training step."""
+refused head sizes and weights, opcheck and torch.compile. The derived backward (both ops): gradients of q, k
+and both weights against float64 autograd of the reference, no worse than the library's own bf16 autograd; the
+weights' sums bitwise equal run to run; a NaN staying in its head or token; opcheck with inputs that require
+grad, and a compiled training step."""
 
 from __future__ import annotations
 
@@ -271,23 +271,24 @@ def reference_gradients(op, inputs, params, grads, dtype=None):
 
 def assert_gradients_close(op, got, want, library, inputs, params, grads):
     """Each gradient's worst error at most 4× the library's own plus a floor: the derived dx adds the head's
-    terms (up to |dy|·|w|·rstd) before they cancel, where autograd of F.rms_norm factors them first (as for
-    the row reductions' backward, test_backward_gpu's allowance), so 8 fp32 unit roundoffs of that scale
-    (times the heads summed, for a weight's gradient: fp32 sums over every head and token, rounded once); and
-    two roundings of the dtype of the largest gradient."""
+    (or token's) terms (up to |dy|·|w|·rstd) before they cancel, where autograd of F.rms_norm factors them
+    first (as for the row reductions' backward, test_backward_gpu's allowance), so 8 fp32 unit roundoffs of
+    that scale (times the heads of a token, over a token; times the rows summed, for a weight's gradient: fp32
+    sums over every head and token, rounded once); and two roundings of the dtype of the largest gradient."""
     x, k, xw, kw = (t.detach().double() for t in inputs[:4])
+    heads = x.shape[1] if load_spec(op).structure.norm.over == "token" else 1
     eps = params[-1]
     rstd = max((t.pow(2).mean(-1) + eps).rsqrt().max().item() for t in (x, k))
     scale = (
         max(g.abs().max().item() for g in grads) * max(xw.abs().max().item(), kw.abs().max().item()) * rstd
     )
     ulp = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[inputs[0].dtype]
-    for name, g, w, lib in zip(("x", "k", "x_weight", "k_weight"), got, want, library):
+    for name, g, w, lib, of in zip(("x", "k", "x_weight", "k_weight"), got, want, library, (x, k, x, k)):
         assert g.shape == w.shape and g.dtype == inputs[0].dtype, name
         assert torch.isfinite(g).all(), f"{op} grad {name}: not finite"
         error = (g.double() - w).abs().max().item()
         library_error = (lib.double() - w).abs().max().item()
-        rows = w.numel() and (1 if g.dim() > 1 else x.numel() // x.shape[-1] + k.numel() // k.shape[-1])
+        rows = w.numel() and (heads if g.dim() > 1 else of.numel() // w.numel())
         allowed = 4 * library_error + 2 * ulp * w.abs().max().item() + 8 * 2.0**-24 * scale * rows
         assert error <= allowed, f"{op} grad {name}: worst error {error:.3g}, allowed {allowed:.3g}"
 
@@ -315,11 +316,13 @@ def test_gradients_match_float64_autograd(ops, case):
 
 @pytest.mark.parametrize("op", TRAINED)
 def test_gradients_at_a_model_shape_repeat_bitwise(ops, op):
-    """Flux.1-dev's image stream (24 heads, 4608 tokens): the gradients against float64, and three runs
-    bitwise equal (each weight's partial sums added in a fixed order, no atomics)."""
+    """Flux.1-dev's image stream (24 heads, 4608 tokens), Wan 2.1 14B's self-attention (40 heads) over as many
+    tokens: the gradients against float64, and three runs bitwise equal (each weight's partial sums added in
+    a fixed order, no atomics)."""
     dtype = usable_dtype()
+    heads = {"qk_norm_rope_wan": 40}.get(op, 24)
     inputs, params, grads = gradient_case(
-        op, dtype, torch.Generator(device="cuda").manual_seed(3), 1, 24, 4608, 128
+        op, dtype, torch.Generator(device="cuda").manual_seed(3), 1, heads, 4608, 128
     )
     outs = ops[op](*inputs, *params)
     runs = [torch.autograd.grad(outs, inputs[:4], grads, retain_graph=True) for _ in range(3)]
@@ -332,19 +335,22 @@ def test_gradients_at_a_model_shape_repeat_bitwise(ops, op):
 
 @pytest.mark.parametrize("op", TRAINED)
 def test_a_nan_gradient_stays_in_its_head(ops, op):
-    """A NaN in one incoming gradient element: NaN in q's gradient at its head and token only (the head's
-    backward sum), and in the weight's gradient at the channels the rotation mixes it into; k untouched."""
+    """A NaN in one incoming gradient element: NaN in q's gradient at its head (over a token: every head of
+    it) and token only (the backward sum), and in the weight's gradient at the channels the rotation mixes it
+    into (over a token: of that head); k untouched."""
     dtype = usable_dtype()
     inputs, params, grads = gradient_case(
         op, dtype, torch.Generator(device="cuda").manual_seed(5), 2, 3, 24, 128
     )
     grads[0][1, 2, 5, 16] = float("nan")
     gx, gk, gxw, gkw = torch.autograd.grad(ops[op](*inputs, *params), inputs[:4], grads)
+    over_token = load_spec(op).structure.norm.over == "token"
     expected = torch.zeros_like(gx, dtype=torch.bool)
-    expected[1, 2, 5, :] = True
+    expected[1, slice(None) if over_token else 2, 5, :] = True
     assert torch.equal(gx.isnan(), expected)
     assert not gk.isnan().any() and not gkw.isnan().any()
-    assert gxw[16:18].isnan().all() and not gxw[:16].isnan().any() and not gxw[18:].isnan().any()
+    at = 2 * 128 + 16 if over_token else 16  # head 2's channel 16 of an [H·D] weight
+    assert gxw[at : at + 2].isnan().all() and not gxw[:at].isnan().any() and not gxw[at + 2 :].isnan().any()
 
 
 @pytest.mark.parametrize("op", TRAINED)

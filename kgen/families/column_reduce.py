@@ -95,7 +95,7 @@ class ColumnReduce(Structure):
     shaped_like: dict[Identifier, Identifier] = {}
 
     dims = ("*rows hidden", "hidden")
-    column_outputs: ClassVar[bool] = True
+    column_outputs: ClassVar[tuple[str, ...]] = ("hidden",)
     declares = frozenset(
         {
             "rows",

@@ -64,9 +64,8 @@ class Rotary(Structure):
     norm_inputs: list[Identifier] | None = None
 
     dims = ("*rows hidden", COORDINATES, *WEIGHT_DIMS.values())
-    column_outputs = (
-        True  # a backward through a norm over each head: its weights' gradients (check says when)
-    )
+    # a backward through a norm: its weights' gradients, [D] or [H·D] (check says when)
+    column_outputs = tuple(WEIGHT_DIMS.values())
     # the binding's locals and helpers (the kernels reach tensors as args.<name> only), and the rotation's
     # symbols
     declares = frozenset(
@@ -171,6 +170,7 @@ class RotaryFacts(BaseModel):
 class RotaryPlan(KernelPlan):
     heads_in_flight: int  # heads a thread loads before it stores the first
     wave_threads: int  # one full wave: the grid stops there, threads walking tokens
+    partial_threads: int  # a backward's weight-gradient partition (a norm over a token): threads at most
 
 
 @dataclass(frozen=True)
@@ -247,29 +247,9 @@ class RotaryFamily(Family):
             )
             + " (profile planner.rotary.heads_in_flight)",
         }
+        partial_threads = profile.sm_count * profile.family_facts("column_reduce")["resident_threads_per_sm"]
         if norm := spec.structure.norm:
-            lanes = "head" if norm.over == "head" else "token (every head of it: one thread walks them all)"
-            notes["norm"] = (
-                f"each {lanes} normalized before its rotation, in the same pass: a thread sums its elements, "
-                "then the lanes sharing the "
-                f"{norm.over} (consecutive lanes of one warp) add theirs by warp shuffles; "
-                + (
-                    "the thread's weights are read per head (L1 hits; see heads in flight)"
-                    if norm.over == "head"
-                    else "the token's heads are read twice (the sum, then the rotation: the second read "
-                    "from L1/L2)"
-                )
-                + "; the scalar path keeps the vector path's elements per thread, so that the lanes of a "
-                f"{norm.over} are the same"
-            )
-        if spec.structure.norm_inputs:
-            notes["weight gradients"] = (
-                "each thread adds its channels' shares over the heads and tokens it walks (fp32 "
-                "registers); a "
-                "block adds its threads' in thread order into one fp32 partial row per weight, and a second "
-                "kernel adds the rows in block order, rounding once: deterministic, no atomics, at most one "
-                "full wave of partial rows whatever the row count"
-            )
+            notes |= norm.notes(spec.structure.norm_inputs is not None, partial_threads)
         if grid := spec.structure.grid:
             why = "as the matched library's float64 tables" if grid.precision == "float64" else "the default"
             notes["angles"] = (
@@ -289,6 +269,7 @@ class RotaryFamily(Family):
             notes,
             heads,
             profile.sm_count * profile.max_threads_per_sm,
+            partial_threads,
         )
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RotaryPlan, case: Case) -> LaunchPlan:
@@ -322,7 +303,11 @@ class RotaryFamily(Family):
         if "angles" in kernel.notes:
             choices.append(("angles", spec.structure.grid.precision, kernel.notes["angles"]))
         if "weight gradients" in kernel.notes:
-            partials = f"≤ {kernel.wave_threads // b.block_threads} fp32 partial rows per weight"
+            per_head = spec.structure.norm.over == "token"
+            most = (kernel.partial_threads if per_head else kernel.wave_threads) // b.block_threads
+            partials = f"≤ {most} fp32 partial rows " + (
+                "of every head's channels" if per_head else "per weight"
+            )
             choices.append(("weight gradients", partials, kernel.notes["weight gradients"]))
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
@@ -383,10 +368,14 @@ class RotaryFamily(Family):
         After a norm over each head, that rotation gives the gradient reaching the normed values, and the
         norm's backward (RotaryNorm.gradients) carries it to the inputs, which the backward reads again (their
         statistic recomputed, nothing saved); the weights' gradients are summed over every head and token in
-        a fixed order. A norm over a token's heads has no backward yet (its weight has a channel per head)."""
+        a fixed order. After a norm over a token's heads (a weight with a channel per head), a first kernel
+        writes each token's statistics beside the inputs' gradients and a second sums the weights' (see the
+        plan's notes); the backward sum is taken with the statistic, so its summand must not need rstd (else
+        None)."""
         structure = spec.structure
-        if structure.norm is not None and structure.norm.over != "head":
-            return None
+        if structure.norm is not None and structure.norm.over == "token":
+            if structure.norm.gradients()["back_summand"].has(rstd):
+                return None
         at_partner = {cos: cos_pair, sin: sin_pair, cos_pair: cos, sin_pair: sin, sign: -sign}
         rotated = {s for n in structure.rotates for s in (n, f"{n}_pair")}
         grads = [gradient_name(t.name) for t in spec.outputs]

@@ -94,6 +94,42 @@ class RotaryNorm(_Model):
             "weight_gradient": grad_normed * derivative(self.normed, "weight"),
         }
 
+    def notes(self, backward: bool, partial_threads: int) -> dict[str, str]:
+        """The plan's notes on the norm (and, for a ``backward``, on its weights' gradients, whose partition
+        after a norm over a token is at most ``partial_threads`` threads)."""
+        lanes = "head" if self.over == "head" else "token (every head of it: one thread walks them all)"
+        notes = {
+            "norm": f"each {lanes} normalized before its rotation, in the same pass: a thread sums its "
+            f"elements, then the lanes sharing the {self.over} (consecutive lanes of one warp) add theirs by "
+            "warp shuffles; "
+            + (
+                "the thread's weights are read per head (L1 hits; see heads in flight)"
+                if self.over == "head"
+                else "the token's heads are read twice (the sum, then the rotation: the second read from "
+                "L1/L2)"
+            )
+            + "; the scalar path keeps the vector path's elements per thread, so that the lanes of a "
+            f"{self.over} are the same"
+        }
+        if backward and self.over == "head":
+            notes["weight gradients"] = (
+                "each thread adds its channels' shares over the heads and tokens it walks (fp32 "
+                "registers); a block adds its threads' in thread order into one fp32 partial row per weight, "
+                "and a second kernel adds the rows in block order, rounding once: deterministic, no atomics, "
+                "at most one full wave of partial rows whatever the row count"
+            )
+        elif backward:
+            notes["weight gradients"] = (
+                "a weight has a channel per head, more than a thread walking a token's heads could hold: "
+                "the first kernel writes each token's statistics (rstd and the gradient reaching its sum, "
+                "8 B per weight), a second kernel's threads keep one channel group of a chunk of 4 heads "
+                "and walk tokens, adding their shares (fp32 registers), a block's in thread order into one "
+                f"fp32 partial row of every head's channels, at most {partial_threads} threads (the "
+                "profile's planner.column_reduce.resident_threads_per_sm per SM); a third adds the rows in "
+                "block order, rounding once: deterministic, no atomics"
+            )
+        return notes
+
     def code(self, names: dict[str, str], inputs: dict[str, Tensor], backward: bool = False) -> NormCode:
         """The expressions printed for the kernel template (the norm's symbols are its functions'
         arguments), with its backward's where ``backward``."""

@@ -50,23 +50,17 @@ def gelu_forward(kernel):
 ACCESS_BYTES = 16  # a thread's access in the rotary kernels (every arch profile's max_access_bytes)
 
 
-def fuses_qk_norms(q, norm_q, norm_k, differentiable: bool = False) -> bool:
+def fuses_qk_norms(q, norm_q, norm_k) -> bool:
     """Whether an attention's q/k norms (torch.nn.RMSNorm) and the rotation after them run as one
-    qk_norm_rope_* launch: a gradient wanted only where the fused op has a backward (``differentiable``: a
-    norm over each head; otherwise training runs rmsnorm and the rotation, each with its backward), one eps,
-    both weights present in q's dtype, and a head size D = q's last dim whose lanes the kernel serves (D /
-    (elements per 16-byte access) a power of two up to 32)."""
-    import torch
-
+    qk_norm_rope_* launch (in training too: each has a derived backward): one eps, both weights present in
+    q's dtype, and a head size D = q's last dim whose lanes the kernel serves (D / (elements per 16-byte
+    access) a power of two up to 32)."""
     weights = norm_q.weight, norm_k.weight
     if (
         any(w is None or w.dtype != q.dtype for w in weights)
         or norm_q.eps != norm_k.eps
         or norm_q.eps is None
     ):
-        return False
-    wanted = torch.is_grad_enabled() and (q.requires_grad or any(w.requires_grad for w in weights))
-    if wanted and not differentiable:
         return False
     per_access = ACCESS_BYTES // q.element_size()
     lanes = q.shape[-1] // per_access

@@ -280,9 +280,7 @@ class _Attention:
         q, k, v = heads(q), heads(k), heads(v)
         joint = attn.added_kv_proj_dim is not None  # the text stream's tokens go first
         norms = [(attn.norm_q, attn.norm_k)] + ([(attn.norm_added_q, attn.norm_added_k)] if joint else [])
-        if image_rotary_emb is not None and all(
-            fuses_qk_norms(q, *pair, differentiable=True) for pair in norms
-        ):
+        if image_rotary_emb is not None and all(fuses_qk_norms(q, *pair) for pair in norms):
             # the ids [1, 3, S], the same for every batch and head: the text's first
             positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
             split = text_q.shape[1] if joint else 0

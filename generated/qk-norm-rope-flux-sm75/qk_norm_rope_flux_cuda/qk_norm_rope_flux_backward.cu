@@ -77,14 +77,40 @@ template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { retur
 
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// ---------------------------------------------------------------------------------------------
+// A gradient's final sum over the fp32 partial rows its blocks wrote: a block of kSumColumns × kSumSlices
+// threads adds kSumColumns columns; slice y adds rows y, y + kSumSlices, ... in turn, then the slices are
+// added in order. The same order on every run: deterministic, no atomics.
+// ---------------------------------------------------------------------------------------------
+constexpr int kSumColumns = 32;  // columns per block ...
+constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order ...
+constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
+
+// Column `position` of `rows` partial rows `stride` floats apart (inactive threads add nothing), summed in the
+// fixed order above; every thread of the block gets the total and must call this (it synchronizes the block).
+__device__ __forceinline__ float ordered_column_sum(const float* __restrict__ partials, int64_t rows, int64_t stride,
+                                                    int64_t position, bool active) {
+  __shared__ float slices[kSumSlices][kSumColumns];
+  float sum = 0.0f;
+  if (active) {
+#pragma unroll kSumUnroll
+    for (int64_t s = threadIdx.y; s < rows; s += kSumSlices) sum += partials[s * stride + position];
+  }
+  slices[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  float total = slices[0][threadIdx.x];
+#pragma unroll
+  for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
+  __syncthreads();  // the slices may be written again by the next call
+  return total;
+}
+
 namespace {
 
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int64_t kMinThreads = 40960;  // 40 SMs × 1024 threads: one full wave
 constexpr bool kHalfPairs = false;  // pairs (2i, 2i + 1): interleaved
 constexpr int kWeights = 2;  // the norm weights whose gradients this backward sums
-constexpr int kSumColumns = 32;  // the weights' final sums: columns per block ...
-constexpr int kSumSlices = 8;    // ... and slices of the blocks' partial rows each adds, then combines in order
 
 struct Params {
   float theta;  // FluxPosEmbed theta
@@ -294,9 +320,9 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
     axis_of[p] = axis;
     freqs[p] = frequency(double((c - start) / 2), double(width / 2), params);
   }
-  // this thread's shares of the weights' gradients, at its channels, over every head and token it walks
-  float weight_sum0[kCos] = {};
-  float weight_sum1[kCos] = {};
+  // this thread's shares of the weights' gradients at its channels, over the heads and tokens it walks: per weight
+  constexpr int kShares = kWeights;
+  float shares_of[kShares][kCos] = {};
   for (Index slot = g / groups; slot < slots; slot += slot_stride) {
     const Index chunk = chunks == 1 ? 0 : slot % chunks;
     const Index token = chunks == 1 ? slot : slot / chunks;
@@ -342,12 +368,9 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       load_floats<ELEMS, VEC>(in, *reinterpret_cast<float(*)[ELEMS]>(v));
       if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(in + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(v + ELEMS));
     };
-    // The backward of head h: v holds the incoming gradient; rotated by -θ it is the gradient reaching the
-    // normed values, which the norm's backward carries to the input (its statistic and the backward sum
-    // across the head's lanes); each element's share of its weight's gradient is added to this thread's.
-    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
-      const bool first = h < Index(args.grad_out_heads);
-      float dn[kCos];
+    // The backward of head h: v holds the incoming gradient; rotated by -θ it is dn, the gradient reaching the
+    // normed values (first: a head of the first rotated tensor).
+    auto to_normed = [&](bool first, const float (&v)[kCos], float (&dn)[kCos]) {
 #pragma unroll
       for (int j = 0; j < kCos; ++j) {
         const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
@@ -355,11 +378,23 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
         dn[j] = first ? Fn::template grad_x<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params)
                       : Fn::template grad_k<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params);
       }
-      float x[kCos], w[kCos];
+    };
+    // head h's channels of the forward's input (x) and of its weight (w)
+    auto load_normed = [&](Index h, float (&x)[kCos]) {
       load_floats<ELEMS, VEC>(normed_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(x));
       if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(normed_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(x + ELEMS));
+    };
+    auto load_weight = [&](Index h, float (&w)[kCos]) {
       load_floats<ELEMS, VEC>(weight_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(w));
       if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
+    };
+    // dn carried through the norm to the input's gradient (the head's statistic and backward sum across its lanes; each element's share of its weight's gradient added to this thread's).
+    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
+      const bool first = h < Index(args.grad_out_heads);
+      float dn[kCos], x[kCos], w[kCos];
+      to_normed(first, v, dn);
+      load_normed(h, x);
+      load_weight(h, w);
       const float count = first ? inv_count[0] : inv_count[1];
       float sum = 0.0f;
 #pragma unroll
@@ -375,7 +410,7 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       for (int j = 0; j < kCos; ++j) {
         r[j] = Norm::gradient(x[j], w[j], rstd, dn[j], grad_row_sum, params);
         const float share = Norm::weight_gradient(x[j], w[j], rstd, dn[j], grad_row_sum, params);
-        if (first) weight_sum0[j] += share; else weight_sum1[j] += share;
+        if (first) shares_of[0][j] += share; else shares_of[1][j] += share;
       }
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
@@ -391,52 +426,43 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       rotate_store(head, v0);
     }
   }
-  // The block's partial row of each weight's gradient: column c adds the shares of the threads holding it
-  // (every groups-th thread of the block), in thread order; one row per block, summed by weight_sum_kernel.
+  // The block's partial row of the weights' gradients (a weight's channels, then the next weight's): a column
+  // adds the shares of the block's threads holding it, in thread order (thread g holds channel group
+  // g mod groups); one row per block, summed by weight_sum_kernel.
+  const int64_t row = kWeights * args.hidden;
+  const Index period = groups;
   __shared__ float shares[BLOCK_THREADS][kCos];
 #pragma unroll
-  for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = weight_sum0[j];
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < args.hidden; c += BLOCK_THREADS) {
-    const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
-    const int64_t at = second_half ? c - args.hidden / 2 : c;
-    const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
-    float total = 0.0f;
-    for (int lane = int(at / ELEMS); lane < BLOCK_THREADS; lane += int(groups)) total += shares[lane][j];
-    partials[(int64_t(blockIdx.x) * kWeights + 0) * args.hidden + c] = total;
-  }
-  __syncthreads();  // the shares are written again for the next weight
+  for (int s = 0; s < kShares; ++s) {
 #pragma unroll
-  for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = weight_sum1[j];
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < args.hidden; c += BLOCK_THREADS) {
-    const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
-    const int64_t at = second_half ? c - args.hidden / 2 : c;
-    const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
-    float total = 0.0f;
-    for (int lane = int(at / ELEMS); lane < BLOCK_THREADS; lane += int(groups)) total += shares[lane][j];
-    partials[(int64_t(blockIdx.x) * kWeights + 1) * args.hidden + c] = total;
+    for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = shares_of[s][j];
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < args.hidden; col += BLOCK_THREADS) {
+      const int64_t c = col % args.hidden;
+      const int64_t h = s;  // share s: weight s
+      const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
+      const int64_t at = second_half ? c - args.hidden / 2 : c;
+      const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
+      const Index holds = Index(at / ELEMS);  // g mod period of the threads holding it
+      float total = 0.0f;
+      for (Index lane = (holds + period - Index(blockIdx.x) * BLOCK_THREADS % period) % period; lane < BLOCK_THREADS; lane += period)
+        total += shares[lane][j];
+      partials[int64_t(blockIdx.x) * row + h * args.hidden + c] = total;
+    }
+    __syncthreads();  // the shares are written again for the next one
   }
-  __syncthreads();  // the shares are written again for the next weight
 }
-// The weights' gradients: column c of weight blockIdx.y is the blocks' partial rows added in a fixed order
-// (slice s adds blocks s, s + kSumSlices, ...; then the slices in order), rounded once to the dtype.
+
+// The weights' gradients: column c of the partial rows (`row` floats each: the first weight's `split` columns,
+// then the second's) is the blocks' rows added in a fixed order (ordered_column_sum), rounded once to the dtype.
 template <typename T>
 __global__ void __launch_bounds__(kSumColumns * kSumSlices)
-weight_sum_kernel(const QkNormRopeFluxBackwardArgs args, const float* __restrict__ partials, int64_t blocks) {
-  __shared__ float slices[kSumSlices][kSumColumns];
+weight_sum_kernel(const QkNormRopeFluxBackwardArgs args, const float* __restrict__ partials, int64_t blocks, int64_t row, int64_t split) {
   const int64_t c = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
-  float sum = 0.0f;
-  if (c < args.hidden)
-    for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) sum += partials[(b * kWeights + blockIdx.y) * args.hidden + c];
-  slices[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < args.hidden) {
-    float total = slices[0][threadIdx.x];
-#pragma unroll
-    for (int s = 1; s < kSumSlices; ++s) total += slices[s][threadIdx.x];
-    if (blockIdx.y == 0) static_cast<T*>(args.grad_x_weight)[c] = from_float<T>(total); else
-    static_cast<T*>(args.grad_k_weight)[c] = from_float<T>(total);
+  const float total = ordered_column_sum(partials, blocks, row, c, c < row);
+  if (threadIdx.y == 0 && c < row) {
+    if (c < split) static_cast<T*>(args.grad_x_weight)[c] = from_float<T>(total);
+    else static_cast<T*>(args.grad_k_weight)[c - split] = from_float<T>(total);
   }
 }
 
@@ -456,12 +482,15 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
   int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
-  const bool narrow = args.batch * args.tokens * chunks <= int64_t(INT32_MAX) && blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
-                      total_heads * heads_per_thread <= int64_t(INT32_MAX);
+  // 32-bit indices when every count of a launch fits
+  auto narrow = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks) {
+    return args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
+           total_heads * per_thread <= int64_t(INT32_MAX);
+  };
   // one fp32 partial row per block and weight, from the binding's caching allocator
   float* const partials = args.workspace(args.workspace_owner, blocks * kWeights * args.hidden);
   if (partials == nullptr) return cudaErrorMemoryAllocation;
-  if (narrow)
+  if (narrow(chunks, heads_per_thread, blocks))
     qk_norm_rope_flux_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
         args, uint32_t(chunks), uint32_t(heads_per_thread), params, partials);
   else
@@ -469,8 +498,8 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
         args, uint64_t(chunks), uint64_t(heads_per_thread), params, partials);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  weight_sum_kernel<T><<<dim3(unsigned(ceil_div<int64_t>(args.hidden, kSumColumns)), unsigned(kWeights)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-      args, partials, blocks);
+  weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(kWeights * args.hidden, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
+      args, partials, blocks, kWeights * args.hidden, args.hidden);
   return cudaGetLastError();
 }
 

@@ -220,6 +220,34 @@ template <auto Kernel>
   return err;
 }
 
+// ---------------------------------------------------------------------------------------------
+// A gradient's final sum over the fp32 partial rows its blocks wrote: a block of kSumColumns × kSumSlices
+// threads adds kSumColumns columns; slice y adds rows y, y + kSumSlices, ... in turn, then the slices are
+// added in order. The same order on every run: deterministic, no atomics.
+// ---------------------------------------------------------------------------------------------
+constexpr int kSumColumns = 32;  // columns per block ...
+constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order ...
+constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
+
+// Column `position` of `rows` partial rows `stride` floats apart (inactive threads add nothing), summed in the
+// fixed order above; every thread of the block gets the total and must call this (it synchronizes the block).
+__device__ __forceinline__ float ordered_column_sum(const float* __restrict__ partials, int64_t rows, int64_t stride,
+                                                    int64_t position, bool active) {
+  __shared__ float slices[kSumSlices][kSumColumns];
+  float sum = 0.0f;
+  if (active) {
+#pragma unroll kSumUnroll
+    for (int64_t s = threadIdx.y; s < rows; s += kSumSlices) sum += partials[s * stride + position];
+  }
+  slices[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  float total = slices[0][threadIdx.x];
+#pragma unroll
+  for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
+  __syncthreads();  // the slices may be written again by the next call
+  return total;
+}
+
 namespace {
 
 constexpr int kWarpSize = 32;  // profile warp_size
@@ -236,9 +264,6 @@ constexpr int kStagedInputs = 5;  // kStaged: every row input (the held ones, th
 template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<float, ELEMS>);
 constexpr int kSummedOutputs = 3;  // the column outputs, then those shaped like a broadcast input
-constexpr int kSumColumns = 32;  // the final reduction: columns per block ...
-constexpr int kSumSlices = 8;    // ... and slices of the partial rows each block adds, then combines in order ...
-constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -811,25 +836,11 @@ residual_layernorm_fp32_backward_outputs_kernel(const T* __restrict__ x, int64_t
 template <typename T, int ELEMS>
 __global__ void __launch_bounds__(kSumColumns * kSumSlices)
 column_sum_kernel(const float* __restrict__ partials, int64_t slots, int64_t hidden, T* __restrict__ out, int64_t groups) {
-  __shared__ float slices[kSumSlices][kSumColumns];
   const int64_t position = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;  // in the partial rows
   const int64_t col = position % (hidden / ELEMS) * ELEMS + position / (hidden / ELEMS);  // in out
   for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // the same loop for the whole block
-    const float* const group_partials = partials + group * slots * hidden;
-    float sum = 0.0f;
-    if (position < hidden) {
-#pragma unroll kSumUnroll
-      for (int64_t s = threadIdx.y; s < slots; s += kSumSlices) sum += group_partials[s * hidden + position];
-    }
-    slices[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && position < hidden) {
-      float total = slices[0][threadIdx.x];
-#pragma unroll
-      for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
-      out[group * hidden + col] = from_float<T>(total);
-    }
-    __syncthreads();  // the slices are written again for the next group
+    const float total = ordered_column_sum(partials + group * slots * hidden, slots, hidden, position, position < hidden);
+    if (threadIdx.y == 0 && position < hidden) out[group * hidden + col] = from_float<T>(total);
   }
 }
 
