@@ -120,13 +120,16 @@ class RotaryNorm(_Model):
             )
         elif backward:
             notes["weight gradients"] = (
-                "a weight has a channel per head, more than a thread walking a token's heads could hold: "
-                "the first kernel writes each token's statistics (rstd and the gradient reaching its sum, "
-                "8 B per weight), a second kernel's threads keep one channel group of a chunk of 4 heads "
-                "and walk tokens, adding their shares (fp32 registers), a block's in thread order into one "
-                f"fp32 partial row of every head's channels, at most {partial_threads} threads (the "
-                "profile's planner.column_reduce.resident_threads_per_sm per SM); a third adds the rows in "
-                "block order, rounding once: deterministic, no atomics"
+                "a weight has a channel per head: where a token's heads fit a block, its threads each hold a "
+                "chunk of them (x and the incoming gradient, as loaded; 40 elements of each), the token read "
+                "once, its sums across its threads (shuffles, then its warps in order), each thread keeping "
+                "its channel group and chunk and its fp32 weight shares in shared memory while its block "
+                "walks tokens; otherwise a first kernel per token writes each token's statistics (8 B per "
+                "weight) and the inputs' gradients, and a second, with threads keeping one channel group of "
+                "a chunk of 4 heads, adds the shares. Either way a block's shares go in a fixed order into "
+                f"one fp32 partial row of every head's channels, at most {partial_threads} threads (the "
+                "profile's planner.column_reduce.resident_threads_per_sm per SM), and a last kernel adds the "
+                "rows in block order, rounding once: deterministic, no atomics"
             )
         return notes
 

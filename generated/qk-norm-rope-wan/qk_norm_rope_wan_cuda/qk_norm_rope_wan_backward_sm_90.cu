@@ -10,7 +10,7 @@
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded until their math (profile planner.rotary.heads_in_flight)
 //   norm: each token (every head of it: one thread walks them all) normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the token (consecutive lanes of one warp) add theirs by warp shuffles; the token's heads are read twice (the sum, then the rotation: the second read from L1/L2); the scalar path keeps the vector path's elements per thread, so that the lanes of a token are the same
-//   weight gradients: a weight has a channel per head, more than a thread walking a token's heads could hold: the first kernel writes each token's statistics (rstd and the gradient reaching its sum, 8 B per weight), a second kernel's threads keep one channel group of a chunk of 4 heads and walk tokens, adding their shares (fp32 registers), a block's in thread order into one fp32 partial row of every head's channels, at most 135168 threads (the profile's planner.column_reduce.resident_threads_per_sm per SM); a third adds the rows in block order, rounding once: deterministic, no atomics
+//   weight gradients: a weight has a channel per head: where a token's heads fit a block, its threads each hold a chunk of them (x and the incoming gradient, as loaded; 40 elements of each), the token read once, its sums across its threads (shuffles, then its warps in order), each thread keeping its channel group and chunk and its fp32 weight shares in shared memory while its block walks tokens; otherwise a first kernel per token writes each token's statistics (8 B per weight) and the inputs' gradients, and a second, with threads keeping one channel group of a chunk of 4 heads, adds the shares. Either way a block's shares go in a fixed order into one fp32 partial row of every head's channels, at most 135168 threads (the profile's planner.column_reduce.resident_threads_per_sm per SM), and a last kernel adds the rows in block order, rounding once: deterministic, no atomics
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
@@ -112,8 +112,12 @@ constexpr int kAccessBytes = 16;  // the vector path's access: profile max_acces
 constexpr int64_t kMinThreads = 270336;  // 132 SMs × 2048 threads: one full wave
 constexpr bool kHalfPairs = false;  // pairs (2i, 2i + 1): interleaved
 constexpr int kWeights = 2;  // the norm weights whose gradients this backward sums
-// The weights' gradients have a channel per head: a second kernel sums them with threads that keep a chunk of
-// kChunkHeads heads (kChunkHeads × the elements a thread rotates per head: fp32 shares in registers) ...
+// The weights' gradients have a channel per head. Where a token's heads fit its threads' registers (held_kernel),
+// a thread holds up to kHeldElems elements of each tensor per token: x and the incoming gradient as loaded
+// (5 heads of 8 16-bit elements, 10 of 4 fp32), its fp32 weight shares in shared memory beside them (40 KB per
+// 256-thread block). Otherwise a second kernel sums them with threads that keep a chunk of kChunkHeads heads
+// (kChunkHeads × the elements a thread rotates per head: fp32 shares in registers) ...
+constexpr int kHeldElems = 40;
 constexpr int kChunkHeads = 4;
 // ... in at most this many threads (one fp32 partial row per block, never more with the token count):
 // 132 SMs × planner.column_reduce.resident_threads_per_sm, the row reductions' gradient partition
@@ -544,6 +548,257 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The backward with each token's heads held: the threads of a token (groups × chunks, a power of two up to a
+// block) each hold a chunk of its heads (x and the incoming gradient, as loaded), so the token is read once:
+// its statistics summed across its threads (shuffles, then its warps in order through shared memory), then each
+// held head's gradient written and its weights' shares added. A block holds BLOCK_THREADS / (groups × chunks)
+// tokens at a time and walks tokens; a thread keeps its channel group and chunk, its shares in its own column
+// of shared memory (no race), and the block's partial row adds its token slots' shares in order.
+// ---------------------------------------------------------------------------------------------
+// Hides v's value from the compiler, so that what is computed from it is computed again, not kept in registers.
+template <typename P>
+__device__ __forceinline__ void opaque(P& v) {
+  static_assert(sizeof(P) % 4 == 0, "whole 32-bit words");
+  uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(P) / 4); ++i) asm volatile("" : "+r"(words[i]));
+}
+
+template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS, typename Index>
+__global__ void __launch_bounds__(BLOCK_THREADS, 1)
+qk_norm_rope_wan_backward_held_kernel(const QkNormRopeWanBackwardArgs args, Index chunks, Index heads_per_thread, Params params, float* __restrict__ partials) {
+  constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
+  constexpr int kHeads = kHeldElems / kCos;             // the heads a thread holds at most
+  constexpr int kParts = kHalfPairs ? 2 : 1;            // a head's accesses (rotate_half: both halves)
+  const Index groups = Index(args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS));
+  const Index per_token = groups * chunks;  // the threads of a token: a power of two dividing BLOCK_THREADS
+  const Index group = Index(threadIdx.x) % groups, chunk = Index(threadIdx.x) / groups % chunks;
+  const Index slot = Index(threadIdx.x) / per_token, token_slots = Index(BLOCK_THREADS) / per_token;
+  const int64_t c0 = int64_t(group) * ELEMS;  // first channel of this thread
+  const Index total_heads = Index(args.grad_out_heads + args.grad_k_out_heads), total_tokens = Index(args.batch * args.tokens);
+  // the token's lanes in this warp (all 32 where it spans warps), and its warps
+  const unsigned lane = threadIdx.x % 32u, lanes = per_token >= 32 ? 32u : unsigned(per_token);
+  const unsigned lanes_mask = lanes == 32u ? 0xffffffffu : ((1u << lanes) - 1u) << (lane & ~(lanes - 1u));
+  const Index warps = per_token > 32 ? per_token / 32 : 1, warp = Index(threadIdx.x) / 32;
+  // head k of this thread's chunk, and whether it holds one
+  auto head_of = [&](int k) { return chunk * heads_per_thread + Index(k); };
+  auto holds = [&](int k) { return Index(k) < heads_per_thread && head_of(k) < total_heads; };
+  // 1 / the elements normalized together, per rotated tensor, in fp32 (as the library's mean)
+  const float inv_count[2] = {
+      1.0f / float(args.hidden * args.grad_out_heads),
+      1.0f / float(args.hidden * args.grad_k_out_heads)
+  };
+  // where head h's weight starts: head h's D channels of its tensor's [H·D] weight
+  auto weight_ptr = [&](Index h) -> const T* {
+    if (h < Index(args.grad_out_heads)) return static_cast<const T*>(args.x_weight) + int64_t(h) * args.hidden + c0;
+    return static_cast<const T*>(args.k_weight) + int64_t(h - Index(args.grad_out_heads)) * args.hidden + c0;
+  };
+  // the frequencies depend on the channel only: computed once per thread
+  double freqs[ELEMS / 2];
+  int axis_of[ELEMS / 2];
+#pragma unroll
+  for (int p = 0; p < ELEMS / 2; ++p) {
+    const int64_t c = c0 + 2 * p;
+    // the axis block holding c: the binding checked that the blocks are even and fill D
+    int axis = 0;
+    int64_t start = 0, width = params.dim_t;
+    if (c >= start + width) axis = 1, start += width, width = params.dim_h;
+    if (c >= start + width) axis = 2, start += width, width = params.dim_w;
+    axis_of[p] = axis;
+    freqs[p] = frequency(double((c - start) / 2), double(width / 2), params);
+  }
+  __shared__ float shares[kHeads * kCos][BLOCK_THREADS];  // column threadIdx.x: this thread's weight shares
+  __shared__ float sums[BLOCK_THREADS / 32][2 * kWeights];  // a warp's statistic and backward sums
+#pragma unroll
+  for (int r = 0; r < kHeads * kCos; ++r) shares[r][threadIdx.x] = 0.0f;
+  for (Index base = Index(blockIdx.x) * token_slots; base < total_tokens; base += Index(gridDim.x) * token_slots) {
+    const Index token = base + slot;
+    const bool live = token < total_tokens;                  // the last tokens may leave slots of the block empty:
+    const Index at = live ? token : total_tokens - 1;        // they read the last token and write nothing
+    const Index b = at / Index(args.tokens), t = at - b * Index(args.tokens);
+    float cos_f[kCos], sin_f[kCos];
+    {
+      // this token's grid position, row-major over the sizes
+      Index rest = t;
+      const Index next1 = rest / Index(params.width);
+      const double coord_2 = coordinate_2(double(rest - next1 * Index(params.width)), params);
+      rest = next1;
+      const Index next2 = rest / Index(params.height);
+      const double coord_1 = coordinate_1(double(rest - next2 * Index(params.height)), params);
+      rest = next2;
+      const double coord_0 = coordinate_0(double(rest), params);
+#pragma unroll
+      for (int p = 0; p < ELEMS / 2; ++p) {
+        double s = 0.0, co = 1.0;
+        if (axis_of[p] >= 0) {
+          // the pair's coordinate, selected among scalars: a select chain over an array's elements
+          // was folded into an indexed local-memory load (nvcc 13.0)
+          double cd = coord_0;
+          cd = axis_of[p] == 1 ? coord_1 : cd;
+          cd = axis_of[p] == 2 ? coord_2 : cd;
+          sincos(angle_of(freqs[p], cd, params), &s, &co);
+        }
+        cos_f[2 * p] = cos_f[2 * p + 1] = float(co);  // rounded to fp32, as the library's tables
+        sin_f[2 * p] = sin_f[2 * p + 1] = float(s);
+      }
+    }
+    // Where head h of the rotated tensors lives: x's heads first, then k's.
+    auto in_ptr = [&](Index h) -> const T* {
+      if (h < Index(args.grad_out_heads)) return static_cast<const T*>(args.grad_out) + int64_t(b) * args.grad_out_batch_stride + int64_t(h) * args.grad_out_head_stride + int64_t(t) * args.grad_out_token_stride + c0;
+      return static_cast<const T*>(args.grad_k_out) + int64_t(b) * args.grad_k_out_batch_stride + int64_t(h - Index(args.grad_out_heads)) * args.grad_k_out_head_stride + int64_t(t) * args.grad_k_out_token_stride + c0;
+    };
+    auto out_ptr = [&](Index h) -> T* {
+      if (h < Index(args.grad_out_heads)) return static_cast<T*>(args.grad_x) + int64_t(b) * args.grad_x_batch_stride + int64_t(h) * args.grad_x_head_stride + int64_t(t) * args.grad_x_token_stride + c0;
+      return static_cast<T*>(args.grad_k) + int64_t(b) * args.grad_k_batch_stride + int64_t(h - Index(args.grad_out_heads)) * args.grad_k_head_stride + int64_t(t) * args.grad_k_token_stride + c0;
+    };
+    // ... and the forward's input the norm read (read again: its statistic recomputed)
+    auto normed_ptr = [&](Index h) -> const T* {
+      if (h < Index(args.grad_out_heads)) return static_cast<const T*>(args.x) + int64_t(b) * args.x_batch_stride + int64_t(h) * args.x_head_stride + int64_t(t) * args.x_token_stride + c0;
+      return static_cast<const T*>(args.k) + int64_t(b) * args.k_batch_stride + int64_t(h - Index(args.grad_out_heads)) * args.k_head_stride + int64_t(t) * args.k_token_stride + c0;
+    };
+    auto load = [&](Index h, float (&v)[kCos]) {
+      const T* in = in_ptr(h);
+      load_floats<ELEMS, VEC>(in, *reinterpret_cast<float(*)[ELEMS]>(v));
+      if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(in + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(v + ELEMS));
+    };
+    // The backward of head h: v holds the incoming gradient; rotated by -θ it is dn, the gradient reaching the
+    // normed values (first: a head of the first rotated tensor).
+    auto to_normed = [&](bool first, const float (&v)[kCos], float (&dn)[kCos]) {
+#pragma unroll
+      for (int j = 0; j < kCos; ++j) {
+        const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
+        const float sign = (kHalfPairs ? j < ELEMS : j % 2 == 0) ? -1.0f : 1.0f;
+        dn[j] = first ? Fn::template grad_x<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params)
+                      : Fn::template grad_k<T>(v[j], v[partner], cos_f[j], sin_f[j], cos_f[partner], sin_f[partner], sign, params);
+      }
+    };
+    // head h's channels of the forward's input (x) and of its weight (w)
+    auto load_normed = [&](Index h, float (&x)[kCos]) {
+      load_floats<ELEMS, VEC>(normed_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(x));
+      if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(normed_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(x + ELEMS));
+    };
+    auto load_weight = [&](Index h, float (&w)[kCos]) {
+      load_floats<ELEMS, VEC>(weight_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(w));
+      if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
+    };
+    // this thread's heads of the token as loaded: x and the incoming gradient, every load issued at once
+    Pack<T, ELEMS> held_x[kHeads][kParts], held_g[kHeads][kParts];
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+      if (holds(k)) {
+#pragma unroll
+        for (int part = 0; part < kParts; ++part) {
+          held_x[k][part] = load_pack<ELEMS, VEC>(normed_ptr(head_of(k)) + part * (args.hidden / 2));
+          held_g[k][part] = load_pack<ELEMS, VEC>(in_ptr(head_of(k)) + part * (args.hidden / 2));
+        }
+      }
+    }
+    // head k's values: x, dn (the incoming gradient rotated by -θ) and the weight
+    auto values = [&](int k, float (&x)[kCos], float (&dn)[kCos], float (&w)[kCos]) {
+      float v[kCos];
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        unpack(held_x[k][part], x + part * ELEMS);
+        unpack(held_g[k][part], v + part * ELEMS);
+      }
+      load_weight(head_of(k), w);
+      to_normed(head_of(k) < Index(args.grad_out_heads), v, dn);
+    };
+    // the token's sums per weight: the statistic's (0 ... kWeights - 1), then the backward sum's; the norm's
+    // back-summand needs no rstd (else the op has no backward)
+    float total[2 * kWeights] = {};
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+      if (holds(k)) {
+        float x[kCos], dn[kCos], w[kCos];
+        values(k, x, dn, w);
+        float s = 0.0f, back = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kCos; ++j) {
+          s += Norm::summand(x[j], params);
+          back += Norm::back_summand(x[j], w[j], 0.0f, dn[j], params);
+        }
+        // constant indices only (a register array indexed at run time would go to local memory)
+        if (head_of(k) < Index(args.grad_out_heads)) {
+          total[0] += s;
+          total[2] += back;
+        } else {
+          total[1] += s;
+          total[3] += back;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * kWeights; ++i) total[i] = lanes_sum(total[i], lanes_mask, int(lanes));
+    if (warps > 1) {  // the same branch for the whole block
+      if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < 2 * kWeights; ++i) sums[warp][i] = total[i];
+      }
+      __syncthreads();
+      const Index first = warp / warps * warps;
+#pragma unroll
+      for (int i = 0; i < 2 * kWeights; ++i) {
+        total[i] = 0.0f;
+        for (Index other = first; other < first + warps; ++other) total[i] += sums[other][i];
+      }
+      __syncthreads();  // sums is written again for the next tokens
+    }
+    // the heads' values are converted again below, not kept from the sums above (kHeads × 3 × kCos registers more)
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        opaque(held_x[k][part]);
+        opaque(held_g[k][part]);
+      }
+    }
+    float rstd[kWeights], grad_row_sum[kWeights];
+#pragma unroll
+    for (int i = 0; i < kWeights; ++i) {
+      rstd[i] = Norm::statistic(total[i], inv_count[i], params);
+      grad_row_sum[i] = Norm::slope(total[i], inv_count[i], params) * total[kWeights + i];
+    }
+    // each held head: its gradient, and its elements' shares of the weight's
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+      if (live && holds(k)) {
+        const bool first = head_of(k) < Index(args.grad_out_heads);
+        const float rs = first ? rstd[0] : rstd[kWeights - 1], grs = first ? grad_row_sum[0] : grad_row_sum[kWeights - 1];
+        float x[kCos], dn[kCos], w[kCos], r[kCos];
+        values(k, x, dn, w);
+#pragma unroll
+        for (int j = 0; j < kCos; ++j) {
+          r[j] = Norm::gradient(x[j], w[j], rs, dn[j], grs, params);
+          shares[k * kCos + j][threadIdx.x] += Norm::weight_gradient(x[j], w[j], rs, dn[j], grs, params);
+        }
+        T* out = out_ptr(head_of(k));
+        store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
+        if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
+      }
+    }
+  }
+  __syncthreads();
+  // The block's partial row (every head's channels, x's heads then k's): a column is held by one thread of each
+  // token slot; the first slot's thread adds them in slot order.
+  if (slot == 0) {
+    const int64_t row = int64_t(total_heads) * args.hidden;
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+      if (holds(k)) {
+#pragma unroll
+        for (int j = 0; j < kCos; ++j) {
+          float sum = 0.0f;
+          for (Index s = 0; s < token_slots; ++s) sum += shares[k * kCos + j][s * per_token + threadIdx.x];
+          const int64_t c = c0 + (j < ELEMS ? j : args.hidden / 2 + (j - ELEMS));
+          partials[int64_t(blockIdx.x) * row + int64_t(head_of(k)) * args.hidden + c] = sum;
+        }
+      }
+    }
+  }
+}
+
 // The weights' gradients: column c of the partial rows (`row` floats each: the first weight's `split` columns,
 // then the second's) is the blocks' rows added in a fixed order (ordered_column_sum), rounded once to the dtype.
 template <typename T>
@@ -578,7 +833,30 @@ cudaError_t launch_config(const QkNormRopeWanBackwardArgs& args, const Params& p
     return args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
            total_heads * per_thread <= int64_t(INT32_MAX);
   };
-  // The second kernel (the weights' gradients): chunks of kChunkHeads heads, at most kPartialThreads threads, the
+  // A token's heads held by its threads where they fit a block: chunks of at most kHeldElems / kCos heads, the
+  // token's threads (groups × chunks) a power of two; at most kPartialThreads threads walking tokens.
+  constexpr int64_t kHeldHeads = kHeldElems / (kHalfPairs ? 2 * ELEMS : ELEMS);
+  int64_t held_chunks = 1;
+  while (held_chunks * kHeldHeads < total_heads) held_chunks *= 2;
+  if (groups * held_chunks <= BLOCK_THREADS) {
+    const int64_t per_thread = ceil_div(total_heads, held_chunks), token_slots = BLOCK_THREADS / (groups * held_chunks);
+    const int64_t held_blocks = std::min(ceil_div(args.batch * args.tokens, token_slots), kPartialThreads / BLOCK_THREADS);
+    const int64_t row = total_heads * args.hidden;
+    float* const partials = args.workspace(args.workspace_owner, held_blocks * row);
+    if (partials == nullptr) return cudaErrorMemoryAllocation;
+    if (narrow(held_chunks, per_thread, held_blocks))
+      qk_norm_rope_wan_backward_held_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(held_blocks), BLOCK_THREADS, 0, stream>>>(
+          args, uint32_t(held_chunks), uint32_t(per_thread), params, partials);
+    else
+      qk_norm_rope_wan_backward_held_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t><<<unsigned(held_blocks), BLOCK_THREADS, 0, stream>>>(
+          args, uint64_t(held_chunks), uint64_t(per_thread), params, partials);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
+        args, partials, held_blocks, row, args.grad_out_heads * args.hidden);
+    return cudaGetLastError();
+  }
+  // Otherwise the first kernel per token, then the second (the weights' gradients): chunks of kChunkHeads heads, at most kPartialThreads threads, the
   // thread count a multiple of groups × chunks, so that every thread keeps its channel group and chunk.
   const int64_t weight_chunks = ceil_div<int64_t>(total_heads, kChunkHeads);
   const int64_t period = groups * weight_chunks;
