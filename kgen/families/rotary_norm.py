@@ -95,8 +95,7 @@ class RotaryNorm(_Model):
         }
 
     def notes(self, backward: bool, partial_threads: int) -> dict[str, str]:
-        """The plan's notes on the norm (and, for a ``backward``, on its weights' gradients, whose partition
-        after a norm over a token is at most ``partial_threads`` threads)."""
+        """The plan's notes on the norm and a ``backward``'s weight gradients (≤ ``partial_threads``)."""
         lanes = "head" if self.over == "head" else "token (every head of it: one thread walks them all)"
         notes = {
             "norm": f"each {lanes} normalized before its rotation, in the same pass: a thread sums its "
@@ -111,6 +110,8 @@ class RotaryNorm(_Model):
             + "; the scalar path keeps the vector path's elements per thread, so that the lanes of a "
             f"{self.over} are the same"
         }
+        if backward and self.over == "token":  # the grid and heads in flight above are the forward's
+            notes["norm"] = "each token's statistic and backward sum: see weight gradients"
         if backward and self.over == "head":
             notes["weight gradients"] = (
                 "each thread adds its channels' shares over the heads and tokens it walks (fp32 "
