@@ -470,8 +470,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_adaln_layernorm_fp32
   args.grad_shift = grad_shift_rows.defined() ? grad_shift_rows.data_ptr() : nullptr;
   args.grad_shift_row_stride = hidden;
   args.grad_shift_per_batch = grad_shift_per_batch ? grad_shift.data_ptr() : nullptr;
-  // The partial rows and a split row's scalars: fp32 tensors of the caching allocator, freed (stream-ordered)
-  // when this returns.
+  // The launcher's fp32 scratch: tensors of the caching allocator, freed (stream-ordered) when this returns.
   struct Workspace {
     at::TensorOptions options;
     std::vector<torch::Tensor> tensors;

@@ -536,15 +536,15 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> run_qk_no
   args.k_token_stride = k4.stride(2);
   args.grad_x_weight = grad_x_weight.data_ptr();
   args.grad_k_weight = grad_k_weight.data_ptr();
-  // The blocks' partial sums: an fp32 tensor of the caching allocator, freed (stream-ordered) when this returns.
+  // The launcher's fp32 scratch: tensors of the caching allocator, freed (stream-ordered) when this returns.
   struct Workspace {
     at::TensorOptions options;
-    torch::Tensor tensor;
+    std::vector<torch::Tensor> tensors;
   } workspace{grad_out.options().dtype(at::kFloat), {}};
   args.workspace = [](void* owner, int64_t floats) -> float* {
     auto* w = static_cast<Workspace*>(owner);
-    w->tensor = torch::empty({floats}, w->options);
-    return w->tensor.data_ptr<float>();
+    w->tensors.push_back(torch::empty({floats}, w->options));
+    return w->tensors.back().data_ptr<float>();
   };
   args.workspace_owner = &workspace;
   const torch::Tensor grad_x4 = as_bhtd(grad_x);

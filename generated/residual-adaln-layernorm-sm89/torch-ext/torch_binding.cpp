@@ -573,8 +573,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   args.grad_gate = grad_gate_rows.defined() ? grad_gate_rows.data_ptr() : nullptr;
   args.grad_gate_row_stride = hidden;
   args.grad_gate_per_batch = grad_gate_per_batch ? grad_gate.data_ptr() : nullptr;
-  // The partial rows and a split row's scalars: fp32 tensors of the caching allocator, freed (stream-ordered)
-  // when this returns.
+  // The launcher's fp32 scratch: tensors of the caching allocator, freed (stream-ordered) when this returns.
   struct Workspace {
     at::TensorOptions options;
     std::vector<torch::Tensor> tensors;

@@ -521,8 +521,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   args.grad_gate_per_batch = grad_gate_per_batch ? grad_gate.data_ptr() : nullptr;
   args.grad_weight = grad_weight.numel() > 0 ? grad_weight.data_ptr() : nullptr;
   args.grad_bias = grad_bias.numel() > 0 ? grad_bias.data_ptr() : nullptr;
-  // The partial rows and a split row's scalars: fp32 tensors of the caching allocator, freed (stream-ordered)
-  // when this returns.
+  // The launcher's fp32 scratch: tensors of the caching allocator, freed (stream-ordered) when this returns.
   struct Workspace {
     at::TensorOptions options;
     std::vector<torch::Tensor> tensors;

@@ -409,8 +409,7 @@ std::tuple<torch::Tensor, torch::Tensor> run_rmsnorm_backward(const torch::Tenso
   args.grad_x = grad_x.data_ptr();  // new and contiguous: rows of hidden
   args.grad_x_row_stride = hidden;
   args.grad_weight = grad_weight.numel() > 0 ? grad_weight.data_ptr() : nullptr;
-  // The partial rows and a split row's scalars: fp32 tensors of the caching allocator, freed (stream-ordered)
-  // when this returns.
+  // The launcher's fp32 scratch: tensors of the caching allocator, freed (stream-ordered) when this returns.
   struct Workspace {
     at::TensorOptions options;
     std::vector<torch::Tensor> tensors;
