@@ -171,6 +171,7 @@ class RotaryPlan(KernelPlan):
     heads_in_flight: int  # heads a thread loads before it stores the first
     wave_threads: int  # one full wave: the grid stops there, threads walking tokens
     partial_threads: int  # a backward's weight-gradient partition (a norm over a token): threads at most
+    held_elems: int  # ... its elements of each tensor a thread holds per token (held_kernel)
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,7 @@ class RotaryFamily(Family):
             heads,
             profile.sm_count * profile.max_threads_per_sm,
             partial_threads,
+            40,  # 5 heads of 8 16-bit elements: 127 registers (bench/results/qk-norm-wan-backward-2026-12-04)
         )
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RotaryPlan, case: Case) -> LaunchPlan:
@@ -309,6 +311,17 @@ class RotaryFamily(Family):
                 "of every head's channels" if per_head else "per weight"
             )
             choices.append(("weight gradients", partials, kernel.notes["weight gradients"]))
+        if "weight gradients" in kernel.notes and per_head:  # held_kernel's grid, where a block holds a token
+            per, shape, chunks = b.elems_per_access * (2 if half else 1), case.shape, 1
+            tokens, heads = (
+                (rows // shape[1], shape[1] + (case.k_heads or shape[1])) if shape[3:] else (rows, 2)
+            )
+            while chunks * (kernel.held_elems // per) < heads:
+                chunks *= 2
+            if (slots := b.block_threads // (hidden // per * chunks)) >= 1:
+                grid, groups = min(-(-tokens // slots), most), hidden // per
+                why = f"{tokens} tokens, {slots} a block (a token's {heads} heads: {groups} channel groups × "
+                choices[2] = ("grid", f"{grid} blocks", why + f"{chunks} chunks), at most {most}")
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
