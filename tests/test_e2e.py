@@ -125,9 +125,12 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
     if target == "qwen3-train":  # and their derived backwards
         assert {
             "rmsnorm_backward_transformers",
+            "fused_add_rmsnorm_backward_transformers",
             "silu_mul_backward_transformers",
             "rope_backward_transformers",
         } <= ran
+    if target == "qwen3":  # each decoder layer's residual adds with the norms after them
+        assert "fused_add_rmsnorm_transformers" in ran
     if target == "ltx-train":
         assert {"rmsnorm_backward", "rope3d_qk_backward", "gelu_tanh_backward"} <= ran
     workloads = [row["workload"] for row in result["rows"]]

@@ -77,6 +77,18 @@ def logits(model, ids, dtype):
         return model.to(dtype)(ids).logits.double()
 
 
+def fused_norms(model) -> dict[str, str]:
+    """What kernelize reports for the norms fused_add_rmsnorm serves with the residual add before them: every
+    decoder layer's post_attention_layernorm, and the input_layernorm of every layer after the first."""
+    layers = [n for n, m in model.named_modules() if type(m).__name__.endswith("DecoderLayer")]
+    return {
+        f"{n}.post_attention_layernorm": "fused_add_rmsnorm (with the attention's residual add)"
+        for n in layers
+    } | {
+        f"{n}.input_layernorm": "fused_add_rmsnorm (with the layer before's residual add)" for n in layers[1:]
+    }
+
+
 def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
     """kgen's bf16 logits are as close to the fp32 model's as transformers' own bf16 logits are."""
     arch, calls = served_ops
@@ -93,17 +105,21 @@ def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
         if rope
         else {}
     )
+    fused = fused_norms(model)
     assert served == {
         **{n: "rmsnorm.RMSNorm" for n in norms},
         **{n: "silu_mul.GatedMLP" for n in mlps},
         **rotary,
+        **fused,
     }
     if kind == "qwen3":
         assert "model.layers.1.self_attn.q_norm" in served and "model.layers.1.self_attn.k_norm" in served
     before = calls.copy()
     kgen = logits(model, ids, torch.bfloat16)
     if not GPU:
-        assert calls["rmsnorm_transformers"] - before["rmsnorm_transformers"] == len(norms)
+        assert calls["rmsnorm_transformers"] - before["rmsnorm_transformers"] == len(norms) - len(fused)
+        added = calls["fused_add_rmsnorm_transformers"] - before["fused_add_rmsnorm_transformers"]
+        assert added == len(fused)
         assert calls["silu_mul_transformers"] - before["silu_mul_transformers"] == len(mlps)
         assert calls["rope_transformers"] - before["rope_transformers"] == (len(mlps) if rope else 0)
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
@@ -141,6 +157,64 @@ def test_rope_on_request(kind, served_ops, build_root, monkeypatch):
         modeling.apply_rotary_pos_emb(q, q, q[:, 0], q[:, 0], unsqueeze_dim=2)
 
 
+def config_of(kind: str) -> dict:
+    if kind == "qwen3":
+        return QWEN3_8B if GPU else SMALL
+    return LLAMA3_8B if GPU else {k: v for k, v in SMALL.items() if k != "head_dim"}
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_the_fused_residual_adds_change_no_bit(kind, served_ops, build_root):
+    """fused_add_rmsnorm serving the decoder layers' residual adds (each layer handing its last add on to the
+    next) gives the logits, bit for bit, of the same model with kgen's unfused RMSNorm; with
+    output_hidden_states (recorded by forward hooks on the layers) each layer returns its sum as a tensor:
+    the same hidden states, bit for bit, and the same logits after that too."""
+    import copy
+
+    arch, calls = served_ops
+    config = config_of(kind)
+    unfused = model_of(kind, config, layers=3).to(torch.bfloat16)
+    fused = copy.deepcopy(unfused)
+    kernelize(unfused, ("rmsnorm", "silu_mul"), arch=arch, root=build_root)
+    served = kernelize(fused, arch=arch, root=build_root)
+    assert served.items() >= fused_norms(fused).items() and len(fused_norms(fused)) == 5
+    ids = torch.randint(0, config["vocab_size"], (2, 24), device=DEVICE)
+    with torch.no_grad():
+        before = calls.copy()
+        got = fused(ids).logits
+        if not GPU:
+            assert calls["fused_add_rmsnorm_transformers"] - before["fused_add_rmsnorm_transformers"] == 5
+        assert torch.equal(got, unfused(ids).logits)
+        want, got = (m(ids, output_hidden_states=True).hidden_states for m in (unfused, fused))
+        assert len(got) == len(want) == 4 and all(type(h) is torch.Tensor for h in got)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert torch.equal(fused(ids).logits, unfused(ids).logits)
+
+
+def test_a_layer_with_another_norm_takes_no_pending_add(served_ops, build_root):
+    """A decoder layer whose post-attention norm is not the model's RMSNorm keeps its own forward, and the
+    layer before it returns its sum as a tensor: the logits are those of kgen's unfused RMSNorm."""
+    import copy
+
+    arch, _ = served_ops
+    unfused = model_of("qwen3", SMALL, layers=3).to(torch.bfloat16)
+    middle = unfused.model.layers[1]
+    middle.post_attention_layernorm = torch.nn.RMSNorm(
+        SMALL["hidden_size"], eps=1e-6, device=DEVICE, dtype=torch.bfloat16
+    )
+    fused = copy.deepcopy(unfused)
+    kernelize(unfused, ("rmsnorm", "silu_mul"), arch=arch, root=build_root)
+    served = kernelize(fused, arch=arch, root=build_root)
+    assert {n for n, v in served.items() if v.startswith("fused_add_rmsnorm")} == {
+        "model.layers.0.post_attention_layernorm",
+        "model.layers.2.post_attention_layernorm",
+    }
+    assert fused.model.layers[1].forward.__func__ is type(middle).forward
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 24), device=DEVICE)
+    with torch.no_grad():
+        assert torch.equal(fused(ids).logits, unfused(ids).logits)
+
+
 def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
     model = model_of("qwen3", SMALL, layers=1, hidden_act="gelu_pytorch_tanh")
     served = kernelize(model, arch=served_ops[0], root=build_root)
@@ -154,8 +228,8 @@ def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
 def test_a_model_it_does_not_know_is_refused(served_ops, build_root):
     with pytest.raises(
         KgenError,
-        match=r"Sequential: no module is one that kgen's rmsnorm, silu_mul layers replace "
-        r"\(.*LlamaRMSNorm.*Qwen3MLP",
+        match=r"Sequential: no module is one that kgen's rmsnorm, fused_add_rmsnorm, silu_mul layers replace "
+        r"\(.*LlamaDecoderLayer.*LlamaRMSNorm.*Qwen3DecoderLayer.*Qwen3MLP",
     ):
         kernelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), arch=served_ops[0], root=build_root)
 
@@ -166,7 +240,8 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     explained = torch._dynamo.explain(model)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
-    assert "rmsnorm_transformers" in code and "silu_mul_transformers" in code  # in the graph, not around it
+    in_graph = ("rmsnorm_transformers", "fused_add_rmsnorm_transformers", "silu_mul_transformers")
+    assert all(op in code for op in in_graph)  # in the graph, not around it
     eager = logits(model, ids, torch.bfloat16)
     torch._dynamo.reset()
     with torch.no_grad():
@@ -238,9 +313,11 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
     eager = grads(copy.deepcopy(model).to(torch.bfloat16), ids, labels)
     kgen = copy.deepcopy(model).to(torch.bfloat16)
     served = kernelize(kgen, OPS + ("rope",) * rope, arch=arch, root=build_root, mode=Mode.TRAINING)
-    assert sorted(set(served.values())) == sorted(
-        ["rmsnorm.RMSNorm", "silu_mul.GatedMLP"] + ["rope.RotaryPosEmb"] * rope
-    )
+    assert served.items() >= fused_norms(kgen).items()
+    assert set(served.values()) - set(fused_norms(kgen).values()) == {
+        "rmsnorm.RMSNorm",
+        "silu_mul.GatedMLP",
+    } | ({"rope.RotaryPosEmb"} if rope else set())
     before = calls.copy()
     got = grads(kgen, ids, labels)
     if not GPU:  # the derived backwards ran, once per served module (rope's once per layer)
@@ -248,11 +325,45 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
         assert calls["rmsnorm_backward_transformers"] - before["rmsnorm_backward_transformers"] == norms
         assert calls["silu_mul_backward_transformers"] - before["silu_mul_backward_transformers"] > 0
         layers = model.config.num_hidden_layers
+        fused = (
+            calls["fused_add_rmsnorm_backward_transformers"]
+            - before["fused_add_rmsnorm_backward_transformers"]
+        )
+        assert fused == 2 * layers - 1
         assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == layers * rope
     assert got.keys() == truth.keys() == dict(model.named_parameters()).keys()
     for name, want in truth.items():
         eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
         assert torch.isfinite(got[name]).all(), name
+        assert kgen_err <= 1.5 * eager_err + 1e-3 * want.abs().max().item(), (
+            f"{name}: kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
+        )
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_gradient_checkpointing_keeps_every_gradient(reentrant, served_ops, build_root):
+    """Under gradient checkpointing (transformers' reentrant form differentiates only the tensors a layer is
+    given) each layer returns its sum as a tensor: every parameter's bf16 gradient is as close to the fp32
+    model's as transformers' own, as without checkpointing."""
+    import copy
+
+    from kernels import Mode
+
+    arch, calls = served_ops
+    model = model_of("qwen3", SMALL, layers=3).train()
+    ids, labels = (torch.randint(0, SMALL["vocab_size"], (2, 16), device=DEVICE) for _ in range(2))
+    truth = grads(model, ids, labels)
+    eager = grads(copy.deepcopy(model).to(torch.bfloat16), ids, labels)
+    kgen = copy.deepcopy(model).to(torch.bfloat16)
+    kgen.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    kernelize(kgen, arch=arch, root=build_root, mode=Mode.TRAINING)
+    before = calls.copy()
+    got = grads(kgen, ids, labels)
+    if not GPU:  # the attention's add fused in each layer, run again by the checkpoint
+        assert calls["fused_add_rmsnorm_transformers"] - before["fused_add_rmsnorm_transformers"] == 6
+    assert got.keys() == truth.keys()
+    for name, want in truth.items():
+        eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()
         assert kgen_err <= 1.5 * eager_err + 1e-3 * want.abs().max().item(), (
             f"{name}: kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
         )

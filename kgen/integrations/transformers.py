@@ -16,11 +16,11 @@ from typing import Callable
 from ..builder import build_op, device_arch, load
 from ..catalog import load_spec
 from ..errors import KgenError
+from . import decoder
 
-OPS = (
-    "rmsnorm",
-    "silu_mul",
-)  # RMSNorm everywhere (q_norm and k_norm too) and the SwiGLU MLP; "rope" and "cross_entropy" on request
+# RMSNorm everywhere (q_norm and k_norm too), each decoder layer's residual adds fused with the norms after
+# them (kgen.integrations.decoder) and the SwiGLU MLP; "rope" and "cross_entropy" on request
+OPS = ("rmsnorm", "fused_add_rmsnorm", "silu_mul")
 LOSSES = ("cross_entropy",)  # ops that serve the model's loss_function (a causal LM's), not a module
 
 
@@ -37,6 +37,9 @@ def kernelize(
     holds) with that layer's, from ``root/<op>-<arch>`` (written and built when missing or stale). Returns
     {module name or function path: "<op>.<layer>"} for what now runs on kgen; refuses a model none of whose
     modules is known.
+
+    fused_add_rmsnorm serves the Llama / Qwen3 decoder layers' residual adds with the norms after them
+    (kgen.integrations.decoder), reported per norm it fuses with an add (overriding "rmsnorm.RMSNorm").
 
     An op of LOSSES ("cross_entropy") serves the model's loss_function instead (`causal_lm_loss`), reported
     as {"loss_function": ...}.
@@ -57,7 +60,7 @@ def kernelize(
     arch = arch or device_arch()
     classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in model.modules()}
     files = {type(m).__module__ for m in model.modules()}
-    mapping, layers, functions, losses = {}, {}, {}, {}
+    mapping, layers, functions, losses, fused = {}, {}, {}, {}, {}
     for op in (op for op in ops if op in LOSSES):
         if not hasattr(type(model), "loss_function"):
             raise KgenError(f"{type(model).__name__} has no loss_function for kgen's {op} to serve")
@@ -87,24 +90,27 @@ def kernelize(
                     name = function.kernel_layer_name
                     functions[path] = (function, f"{op}.{layer.name}")
                 mapping[name] = {"cuda": repository}
-    if not mapping and losses and not ops:
-        return losses
-    if not mapping:
-        known = sorted(
-            {p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces}
+    if decoder.OP in ops and classes.keys() & decoder.LAYERS.keys():
+        fused = decoder.fuse_residual_adds(
+            model, load(build_op(decoder.OP, arch, root, step)).fused_add_rmsnorm
         )
+    if not mapping and not fused and not (losses and not ops):
+        known = {p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces}
+        known |= {p.rsplit(".", 1)[1] for p in decoder.LAYERS} if decoder.OP in ops else set()
         raise KgenError(
             f"{type(model).__name__}: no module is one that kgen's {', '.join(ops)} layers replace "
-            f"({', '.join(known)})"
+            f"({', '.join(sorted(known))})"
         )
-    with use_kernel_mapping(mapping, inherit_mapping=False):
-        kernels_kernelize(model, mode=mode or Mode.INFERENCE, device="cuda", use_fallback=True)
+    if mapping:
+        with use_kernel_mapping(mapping, inherit_mapping=False):
+            kernels_kernelize(model, mode=mode or Mode.INFERENCE, device="cuda", use_fallback=True)
     served = {
         name: layers[type(m)] for name, m in model.named_modules() if type(m) in layers and _replaced(m)
     }
     return (
         served
         | {path: layer for path, (function, layer) in functions.items() if _replaced(function)}
+        | fused
         | losses
     )
 

@@ -13,14 +13,15 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
   tokens, a timestep per batch; bf16 with the modules Wan keeps in float32 (as from_pretrained loads it).
 - qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
   after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
-  its whole length, so every step costs the same).
+  its whole length, so every step costs the same); the kgen model kernelized with
+  kgen.integrations.transformers' OPS (RMSNorm, the residual adds fused with the norms after them, the
+  SwiGLU MLP).
 - qwen3-train: one training step (forward with the causal-LM loss on random labels, then backward; no
   optimizer) of the Qwen3-8B config cut to 4 layers at 2 × 2048 tokens; the kgen model kernelized for
-  training (RMSNorm, the SwiGLU MLP, RoPE and the causal-LM loss's cross-entropy with their derived
-  backwards; RoPE replaces a module-level
-  function every model of the modeling file calls, so it is kgen's only while the kgen model's step runs), and
-  Liger-Kernel's `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused linear
-  cross-entropy) where it is installed.
+  training (OPS, RoPE and the causal-LM loss's cross-entropy, with their derived backwards; RoPE replaces a
+  module-level function every model of the modeling file calls, so it is kgen's only while the kgen model's
+  step runs), and Liger-Kernel's `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused
+  linear cross-entropy) where it is installed.
 """
 
 from __future__ import annotations
