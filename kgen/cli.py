@@ -357,7 +357,7 @@ def bench(
         int, typer.Option(help="repeats of the whole comparison; each figure is their median")
     ] = 3,
     graphs: Annotated[
-        bool, typer.Option("--graphs", help="time CUDA-graph replays (no host overhead)")
+        bool, typer.Option("--graphs", help="time CUDA-graph replays; --e2e: compiled as reduce-overhead")
     ] = False,
     build_dir: Annotated[Path, typer.Option("--build-dir", help="project root to build into")] = Path(
         "build/bench"
@@ -404,6 +404,7 @@ def bench(
                 repeats=min(repeats, 20),
                 build_root=build_dir,
                 profile=profile,
+                compile_mode="reduce-overhead" if graphs else None,
                 log=console.print,
             ),
             out,

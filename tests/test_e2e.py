@@ -155,6 +155,31 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
     assert f"eager + kgen / eager (goal ≥ {goal}×)" in table
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
+def test_graphs_compile_in_reduce_overhead_mode(reference_kernels, build_root, tmp_path, monkeypatch):
+    """--e2e with --graphs compiles the compiled variants as decode is served (CUDA graphs) and says so."""
+    reference_kernels(kgen_transformers.OPS)
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    result = run_e2e(
+        "qwen3",
+        rounds=1,
+        repeats=1,
+        device="cpu",
+        config=SMALL["qwen3"],
+        build_root=build_root,
+        arch="sm_90",
+        variants=("eager", "torch.compile", "torch.compile + kgen"),
+        compile_mode="reduce-overhead",
+        log=lambda _: None,
+    )
+    assert modes == ["reduce-overhead", "reduce-overhead"]
+    assert "torch.compile + kgen ms" in result["rows"][0]
+    table = write(result, tmp_path).read_text()
+    assert (tmp_path / "e2e-qwen3-graphs.json").exists()
+    assert "; torch.compile mode reduce-overhead." in table.splitlines()[0]
+
+
 def test_unknown_target_is_refused():
     targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan'\]"
     with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):

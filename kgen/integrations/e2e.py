@@ -109,12 +109,14 @@ def run_e2e(
     build_root: Path = Path("build/bench"),
     arch: str | None = None,
     profile: bool = False,
+    compile_mode: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """{"target", "device", "torch", "rows": [{"workload", "<variant> ms", ...}]}. ``config`` replaces the
     real model's (a small model for tests). A variant the target has no model for (Liger where it is not
     installed or has no patch for the model) is left out, with a line in the log. ``profile`` (a GPU only)
-    adds each row's "profile": {variant: _kernel_table}."""
+    adds each row's "profile": {variant: _kernel_table}. ``compile_mode`` is torch.compile's mode for the
+    compiled variants ("reduce-overhead": CUDA graphs, as decode is served)."""
     import torch
 
     if target not in BUILDERS:
@@ -126,7 +128,7 @@ def run_e2e(
     )
     for variant, base in (("torch.compile", "eager"), ("torch.compile + kgen", "eager + kgen")):
         if variant in variants:
-            models[variant] = torch.compile(models[base])
+            models[variant] = torch.compile(models[base], mode=compile_mode)
     variants = tuple(v for v in variants if v in models)
     goals = {
         name: [base, goal]
@@ -162,6 +164,7 @@ def run_e2e(
         "rounds": rounds,
         "repeats": repeats,
         "date": time.strftime("%Y-%m-%d"),
+        "compile mode": compile_mode,
         "goals": goals,
         "rows": rows,
     }
@@ -180,7 +183,8 @@ def markdown(result: dict) -> str:
     ]
     lines = [
         f"{result['target']}: {result['device']}, torch {result['torch']}, {result['date']}; median of "
-        f"{result['rounds']} rounds of {result['repeats']} runs.",
+        f"{result['rounds']} rounds of {result['repeats']} runs"
+        + (f"; torch.compile mode {mode}." if (mode := result.get("compile mode")) else "."),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -227,7 +231,8 @@ def _profile_markdown(workload: str, tables: dict) -> list[str]:
 
 def write(result: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"e2e-{result['target']}.json").write_text(json.dumps(result, indent=2) + "\n")
-    path = out / f"e2e-{result['target']}.md"
+    stem = f"e2e-{result['target']}" + ("-graphs" if result.get("compile mode") == "reduce-overhead" else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    path = out / f"{stem}.md"
     path.write_text(markdown(result))
     return path
