@@ -34,14 +34,15 @@ ALLOWED = {
     "families.column_reduce": {"autodiff", "codegen", "dsl", "profile", "families.base"},
     "families.elementwise": {"autodiff", "codegen", "dsl", "profile", "families.base"},
     "families.rotary": {
-        "autodiff",
         "codegen",
         "dsl",
         "profile",
         "families.base",
+        "families.rotary_backward",
         "families.rotary_grid",
         "families.rotary_norm",
     },
+    "families.rotary_backward": {"autodiff", "dsl", "families.rotary_norm"},
     "families.rotary_grid": {"codegen", "dsl", "families.base"},
     "families.rotary_norm": {"autodiff", "codegen", "dsl"},
     "families.softmax_loss": {"autodiff", "codegen", "dsl", "profile", "families.base"},
@@ -136,6 +137,7 @@ SIZES = {
     "families/row_reduce.py": 700,
     "families/base.py": 415,  # example_input(s): the inputs a family draws (labels, a saved loss)
     "families/rotary.py": 540,
+    "families/rotary_backward.py": 140,
     "families/rotary_grid.py": 200,
     "families/rotary_norm.py": 200,
     "families/column_reduce.py": 668,  # two schedules (rows held on chip, split rows); passed-on gradients
