@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU check of the decoder layers' fused residual adds (kgen.integrations.decoder) and of
+# `kgen bench --e2e qwen3 --graphs`, on one H200 (about 22 minutes after start-up, steps in order of need).
+# Run from a tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel,
+# diffusers) in $WHEELS (default .whl/ of the tree). Writes to $R (default /tmp/res), touches $R/JOB_DONE.
+set -u
+export PYTHONUNBUFFERED=1
+R=${R:-/tmp/res}; WHEELS=${WHEELS:-.whl}; HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$R"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl > "$R/pip.log" 2>&1
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi --query-gpu=name,driver_version --format=csv > "$R/device.txt" 2>&1
+OPS="rmsnorm fused_add_rmsnorm silu_mul rope cross_entropy"
+python3 -m kgen build $OPS --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
+# 1. the integration on the real kernels: bitwise against kgen's unfused RMSNorm, hidden states, checkpointing,
+#    one graph under torch.compile, CUDA-graph capture (Qwen3-8B / Llama-3-8B configs, two or three layers)
+KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 400 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs \
+    tests/test_transformers_integration.py > "$R/t-transformers.log" 2>&1
+echo "tests rc=$? $(date)" >> "$R/progress"
+# 2. Qwen3-8B prefill and decode: before (kgen's unfused RMSNorm) and after, then compiled as reduce-overhead
+timeout 420 python3 "$HERE/before.py" "$R/before" /tmp/kb > "$R/before.log" 2>&1
+timeout 500 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build-dir /tmp/kb > "$R/after.log" 2>&1
+echo "e2e qwen3 done $(date)" >> "$R/progress"
+timeout 420 python3 -m kgen bench --e2e qwen3 --graphs --out "$R/after" --build-dir /tmp/kb > "$R/graphs.log" 2>&1
+echo "e2e qwen3 --graphs done $(date)" >> "$R/progress"
+# 3. the training step (compare with ../e2e-qwen3-train-*/ and BENCHMARKS.md)
+timeout 420 python3 -m kgen bench --e2e qwen3-train --out "$R/after" --build-dir /tmp/kb > "$R/train.log" 2>&1
+echo "e2e qwen3-train done $(date)" >> "$R/progress"
+touch "$R/JOB_DONE"
