@@ -189,6 +189,9 @@ def test_the_fused_residual_adds_change_no_bit(kind, served_ops, build_root):
         assert len(got) == len(want) == 4 and all(type(h) is torch.Tensor for h in got)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
         assert torch.equal(fused(ids).logits, unfused(ids).logits)
+    assert kernelize(fused, arch=arch, root=build_root) == served  # again: the same layers, the same report
+    with torch.no_grad():
+        assert torch.equal(fused(ids).logits, unfused(ids).logits)
 
 
 def test_a_layer_with_another_norm_takes_no_pending_add(served_ops, build_root):

@@ -15,7 +15,7 @@ statistics, the normed value rounded to the dtype, then the weight): the same bi
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from torch.nn.modules import module as _torch_module
 
@@ -34,15 +34,17 @@ class PendingAdd(NamedTuple):
     mlp: Any
 
 
-def fuse_residual_adds(model, fused_add_rmsnorm) -> dict[str, str]:
+def fuse_residual_adds(model, load_op: Callable[[], Callable]) -> dict[str, str]:
     """Makes every Llama / Qwen3 decoder layer of ``model`` whose two norms are the model's RMSNorm an
-    instance of a subclass of its class whose forward (below) calls the loaded ``fused_add_rmsnorm``; a layer
+    instance of a subclass of its class whose forward (below) calls ``load_op()``'s fused_add_rmsnorm; a layer
     hands its last add on only to such a layer. A subclass, not a forward set on the instance: transformers'
     gradient checkpointing wraps the forward of each subclass of its layers (in versions that do not wrap
     __call__). Returns {norm module name: what now computes it} for the norms fused with the add before
     them; {} where the model has no such layer."""
     layers = [(n, m, _fusable(m)) for n, m in model.named_modules() if _path(_base(m)) in LAYERS]
-    served, classes = {}, {}
+    if not any(fusable for *_, fusable in layers):
+        return {}
+    fused_add_rmsnorm, served, classes = load_op(), {}, {}
     for i, (name, layer, fusable) in enumerate(layers):
         if not fusable:
             continue

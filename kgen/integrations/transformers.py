@@ -90,9 +90,9 @@ def kernelize(
                     name = function.kernel_layer_name
                     functions[path] = (function, f"{op}.{layer.name}")
                 mapping[name] = {"cuda": repository}
-    if decoder.OP in ops and classes.keys() & decoder.LAYERS.keys():
+    if decoder.OP in ops:
         fused = decoder.fuse_residual_adds(
-            model, load(build_op(decoder.OP, arch, root, step)).fused_add_rmsnorm
+            model, lambda: load(build_op(decoder.OP, arch, root, step)).fused_add_rmsnorm
         )
     if not mapping and not fused and not (losses and not ops):
         known = {p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces}
