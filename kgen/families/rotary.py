@@ -317,6 +317,19 @@ class RotaryFamily(Family):
                 grid, groups = min(-(-tokens // slots), most), hidden // per
                 why = f"{tokens} tokens, {slots} a block (a token's {heads} heads: {groups} channel groups × "
                 choices[2] = ("grid", f"{grid} blocks", why + f"{chunks} chunks), at most {most}")
+                held = -(-heads // chunks)
+                choices[1] = (
+                    "block",
+                    f"{b.block_threads} threads",
+                    f"{b.block_threads} threads per block (profile planner.block_threads), {slots} token"
+                    f"{'s' if slots > 1 else ''} a block, {groups * chunks} threads a token",
+                )
+                choices[4] = (
+                    "heads in flight",
+                    f"{held} held",
+                    f"a thread holds {held} of a token's heads of x and of the incoming gradient as loaded "
+                    f"(≤ {kernel.held_elems} elements of each) through the token's sums and its second pass",
+                )
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
