@@ -28,7 +28,8 @@ OP = "fused_add_rmsnorm"
 
 
 class PendingAdd(NamedTuple):
-    """A decoder layer's output whose last residual add (residual + mlp) the next layer's norm does."""
+    """A decoder layer's output whose last residual add (residual + mlp) the next layer's norm does; what a
+    caller of a layer on its own (outside the model's loop) gets where it had a tensor: their sum."""
 
     residual: Any
     mlp: Any
