@@ -483,25 +483,31 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
   int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
-  // 32-bit indices when every count of a launch fits
-  auto narrow = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks) {
-    return args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
-           total_heads * per_thread <= int64_t(INT32_MAX);
+  // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits
+  auto indexed = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks, auto launch) {
+    if (args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
+        total_heads * per_thread <= int64_t(INT32_MAX))
+      launch(uint32_t{});
+    else
+      launch(uint64_t{});
+    return cudaGetLastError();
+  };
+  // the weights' gradients from `of_blocks` partial rows of `row` floats (the first weight's `split` columns first)
+  auto sum_weights = [&](const float* partials, int64_t of_blocks, int64_t row, int64_t split) {
+    weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
+        args, partials, of_blocks, row, split);
+    return cudaGetLastError();
   };
   // one fp32 partial row per block and weight, from the binding's caching allocator
   float* const partials = args.workspace(args.workspace_owner, blocks * kWeights * args.hidden);
   if (partials == nullptr) return cudaErrorMemoryAllocation;
-  if (narrow(chunks, heads_per_thread, blocks))
-    qk_norm_rope_flux_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint32_t(chunks), uint32_t(heads_per_thread), params, partials);
-  else
-    qk_norm_rope_flux_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint64_t(chunks), uint64_t(heads_per_thread), params, partials);
-  const cudaError_t err = cudaGetLastError();
+  const cudaError_t err = indexed(chunks, heads_per_thread, blocks, [&](auto index) {
+    using I = decltype(index);
+    qk_norm_rope_flux_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+        args, I(chunks), I(heads_per_thread), params, partials);
+  });
   if (err != cudaSuccess) return err;
-  weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(kWeights * args.hidden, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-      args, partials, blocks, kWeights * args.hidden, args.hidden);
-  return cudaGetLastError();
+  return sum_weights(partials, blocks, kWeights * args.hidden, args.hidden);
 }
 
 template <typename T, typename TT>

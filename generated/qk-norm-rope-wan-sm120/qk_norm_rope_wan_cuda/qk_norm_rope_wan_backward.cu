@@ -828,10 +828,20 @@ cudaError_t launch_config(const QkNormRopeWanBackwardArgs& args, const Params& p
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
   int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
-  // 32-bit indices when every count of a launch fits
-  auto narrow = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks) {
-    return args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
-           total_heads * per_thread <= int64_t(INT32_MAX);
+  // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits
+  auto indexed = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks, auto launch) {
+    if (args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
+        total_heads * per_thread <= int64_t(INT32_MAX))
+      launch(uint32_t{});
+    else
+      launch(uint64_t{});
+    return cudaGetLastError();
+  };
+  // the weights' gradients from `of_blocks` partial rows of `row` floats (the first weight's `split` columns first)
+  auto sum_weights = [&](const float* partials, int64_t of_blocks, int64_t row, int64_t split) {
+    weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
+        args, partials, of_blocks, row, split);
+    return cudaGetLastError();
   };
   // A token's heads held by its threads where they fit a block: chunks of at most kHeldElems / kCos heads, the
   // token's threads (groups × chunks) a power of two; at most kPartialThreads threads walking tokens.
@@ -844,17 +854,13 @@ cudaError_t launch_config(const QkNormRopeWanBackwardArgs& args, const Params& p
     const int64_t row = total_heads * args.hidden;
     float* const partials = args.workspace(args.workspace_owner, held_blocks * row);
     if (partials == nullptr) return cudaErrorMemoryAllocation;
-    if (narrow(held_chunks, per_thread, held_blocks))
-      qk_norm_rope_wan_backward_held_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(held_blocks), BLOCK_THREADS, 0, stream>>>(
-          args, uint32_t(held_chunks), uint32_t(per_thread), params, partials);
-    else
-      qk_norm_rope_wan_backward_held_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t><<<unsigned(held_blocks), BLOCK_THREADS, 0, stream>>>(
-          args, uint64_t(held_chunks), uint64_t(per_thread), params, partials);
-    const cudaError_t err = cudaGetLastError();
+    const cudaError_t err = indexed(held_chunks, per_thread, held_blocks, [&](auto index) {
+      using I = decltype(index);
+      qk_norm_rope_wan_backward_held_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I><<<unsigned(held_blocks), BLOCK_THREADS, 0, stream>>>(
+          args, I(held_chunks), I(per_thread), params, partials);
+    });
     if (err != cudaSuccess) return err;
-    weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-        args, partials, held_blocks, row, args.grad_out_heads * args.hidden);
-    return cudaGetLastError();
+    return sum_weights(partials, held_blocks, row, args.grad_out_heads * args.hidden);
   }
   // Otherwise the first kernel per token, then the second (the weights' gradients): chunks of kChunkHeads heads, at most kPartialThreads threads, the
   // thread count a multiple of groups × chunks, so that every thread keeps its channel group and chunk.
@@ -870,25 +876,19 @@ cudaError_t launch_config(const QkNormRopeWanBackwardArgs& args, const Params& p
   float* const stats = args.workspace(args.workspace_owner, stats_floats + weight_blocks * row);
   if (stats == nullptr) return cudaErrorMemoryAllocation;
   float* const partials = stats + stats_floats;
-  if (narrow(chunks, heads_per_thread, blocks))
-    qk_norm_rope_wan_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t, false><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint32_t(chunks), uint32_t(heads_per_thread), params, nullptr, stats);
-  else
-    qk_norm_rope_wan_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t, false><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint64_t(chunks), uint64_t(heads_per_thread), params, nullptr, stats);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = indexed(chunks, heads_per_thread, blocks, [&](auto index) {
+    using I = decltype(index);
+    qk_norm_rope_wan_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I, false><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+        args, I(chunks), I(heads_per_thread), params, nullptr, stats);
+  });
   if (err != cudaSuccess) return err;
-  if (narrow(weight_chunks, kChunkHeads, weight_blocks))
-    qk_norm_rope_wan_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t, true><<<unsigned(weight_blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint32_t(weight_chunks), uint32_t(kChunkHeads), params, partials, stats);
-  else
-    qk_norm_rope_wan_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t, true><<<unsigned(weight_blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint64_t(weight_chunks), uint64_t(kChunkHeads), params, partials, stats);
-  err = cudaGetLastError();
+  err = indexed(weight_chunks, kChunkHeads, weight_blocks, [&](auto index) {
+    using I = decltype(index);
+    qk_norm_rope_wan_backward_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I, true><<<unsigned(weight_blocks), BLOCK_THREADS, 0, stream>>>(
+        args, I(weight_chunks), I(kChunkHeads), params, partials, stats);
+  });
   if (err != cudaSuccess) return err;
-  weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-      args, partials, weight_blocks, row, args.grad_out_heads * args.hidden);
-  return cudaGetLastError();
+  return sum_weights(partials, weight_blocks, row, args.grad_out_heads * args.hidden);
 }
 
 template <typename T, typename TT>

@@ -276,18 +276,21 @@ cudaError_t launch_config(const RopeInterleavedArgs& args, const Params& params,
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
   int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
-  // 32-bit indices when every count of a launch fits
-  auto narrow = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks) {
-    return args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
-           total_heads * per_thread <= int64_t(INT32_MAX);
+  // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits
+  auto indexed = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks, auto launch) {
+    if (args.batch * args.tokens * of_chunks <= int64_t(INT32_MAX) && of_blocks * BLOCK_THREADS <= int64_t(INT32_MAX) &&
+        total_heads * per_thread <= int64_t(INT32_MAX))
+      launch(uint32_t{});
+    else
+      launch(uint64_t{});
+    return cudaGetLastError();
   };
-  if (narrow(chunks, heads_per_thread, blocks))
-    rope_interleaved_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint32_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint32_t(chunks), uint32_t(heads_per_thread), params);
-  else
-    rope_interleaved_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, uint64_t><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, uint64_t(chunks), uint64_t(heads_per_thread), params);
-  return cudaGetLastError();
+  const cudaError_t err = indexed(chunks, heads_per_thread, blocks, [&](auto index) {
+    using I = decltype(index);
+    rope_interleaved_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+        args, I(chunks), I(heads_per_thread), params);
+  });
+  return err;
 }
 
 template <typename T, typename TT>
