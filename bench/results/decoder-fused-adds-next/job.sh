@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the decoder layers' fused residual adds (kgen.integrations.decoder) and of
-# `kgen bench --e2e qwen3 --graphs`, on one H200 (about 22 minutes after start-up, steps in order of need).
+# `kgen bench --e2e qwen3 --graphs`, and the rotary launcher's GPU tests, on one H200 (about 25 minutes after
+# start-up, steps in order of need).
 # Run from a tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel,
 # diffusers) in $WHEELS (default .whl/ of the tree). Writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
@@ -11,7 +12,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "
 export PYTHONPATH=$PWD:/tmp/site
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$R/device.txt" 2>&1
 OPS="rmsnorm fused_add_rmsnorm silu_mul rope cross_entropy"
-python3 -m kgen build $OPS --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
+ROTARY="rope_interleaved rope_apply rope3d rope3d_qk rope3d_coords rope_flux rope_wan qk_norm_rope_flux qk_norm_rope_wan"
+python3 -m kgen build $OPS $ROTARY --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
+# 0. the rotary launcher as one launch per kernel (60803ca): the rotary GPU tests, forward and backward
+KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 300 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs \
+    tests/test_rotary_gpu.py tests/test_rotary_norm_gpu.py > "$R/t-rotary.log" 2>&1
+KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 300 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -k rope \
+    tests/test_backward_gpu.py > "$R/t-rotary-backward.log" 2>&1
+echo "rotary tests rc=$? $(date)" >> "$R/progress"
 # 1. the integration on the real kernels: bitwise against kgen's unfused RMSNorm, hidden states, checkpointing,
 #    one graph under torch.compile, CUDA-graph capture (Qwen3-8B / Llama-3-8B configs, two or three layers)
 KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 400 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs \
