@@ -34,4 +34,8 @@ echo "e2e qwen3 --graphs done $(date)" >> "$R/progress"
 # 3. the training step (compare with ../e2e-qwen3-train-*/ and BENCHMARKS.md)
 timeout 420 python3 -m kgen bench --e2e qwen3-train --out "$R/after" --build-dir /tmp/kb > "$R/train.log" 2>&1
 echo "e2e qwen3-train done $(date)" >> "$R/progress"
+# 4. if time is left: LTX-Video's training step compiled as reduce-overhead, where CUDA graphs take away the host
+#    time per kgen call that made torch.compile + kgen slower than its kernels (BENCHMARKS.md, 2026-12-03)
+timeout 420 python3 -m kgen bench --e2e ltx-train --graphs --out "$R/after" --build-dir /tmp/kb > "$R/ltx-graphs.log" 2>&1
+echo "e2e ltx-train --graphs done $(date)" >> "$R/progress"
 touch "$R/JOB_DONE"
