@@ -180,6 +180,12 @@ def test_graphs_compile_in_reduce_overhead_mode(reference_kernels, build_root, t
     assert "; torch.compile mode reduce-overhead." in table.splitlines()[0]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
+def test_no_cuda_device_is_a_clear_error():
+    with pytest.raises(KgenError, match="kgen bench --e2e needs a CUDA device"):
+        run_e2e("qwen3")
+
+
 def test_unknown_target_is_refused():
     targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan'\]"
     with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):

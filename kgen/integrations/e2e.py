@@ -121,6 +121,8 @@ def run_e2e(
 
     if target not in BUILDERS:
         raise KgenError(f"--e2e takes one of {sorted(BUILDERS)}, got {target!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise KgenError("kgen bench --e2e needs a CUDA device")
     training = target in TRAINING
     torch.manual_seed(0)
     models, workloads = BUILDERS[target](
