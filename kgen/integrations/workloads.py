@@ -27,6 +27,7 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
 from __future__ import annotations
 
 import copy
+import inspect
 
 from .diffusion import flux, ltx, ltx_train, wan
 from .transformers import OPS, kernelize
@@ -55,17 +56,16 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
     ids = torch.randint(0, cfg.vocab_size, (1, prefill), device=device)
     tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
     caches = {}
+    # the cache's keyword: `cache` from transformers 5.24 (`past_key_values`, deprecated, goes in 5.40)
+    name = "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
 
     def decode(m):
         if id(m) not in caches:  # each model (compiled or not) fills its own cache with the context once
             cache = StaticCache(config=cfg, max_cache_len=context + steps)
-            m(
-                torch.randint(0, cfg.vocab_size, (batch, context), device=device),
-                past_key_values=cache,
-                use_cache=True,
-            )
+            context_ids = torch.randint(0, cfg.vocab_size, (batch, context), device=device)
+            m(context_ids, use_cache=True, **{name: cache})
             caches[id(m)] = cache
-        return m(tokens, past_key_values=caches[id(m)], use_cache=True)
+        return m(tokens, use_cache=True, **{name: caches[id(m)]})
 
     workloads = {
         f"Qwen3 prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
