@@ -159,22 +159,27 @@ struct Norm {
     return result;
   }
   // Its backward, derived by sympy: the summand of the backward sum (from grad_normed, the gradient reaching
-  // the normed value), the statistic's slope, the input's gradient and the element's share of its weight's.
+  // the normed value), the statistic's slope, the input's gradient and the element's share of its weight's
+  // (T: the I/O dtype, for the roundings the spec's normed value makes, e.g. transformers' x · rstd).
+  template <typename T>
   __device__ __forceinline__ static float back_summand(float x, float weight, float rstd, float grad_normed, const Params& params) {
     float partial;
     partial = grad_normed*weight*x;
     return partial;
   }
+  template <typename T>
   __device__ __forceinline__ static float slope(float row_sum, float inv_count, const Params& params) {
     float slope;
     slope = -1.0F/2.0F*inv_count/((params.eps + inv_count*row_sum)*sqrtf(params.eps + inv_count*row_sum));
     return slope;
   }
+  template <typename T>
   __device__ __forceinline__ static float gradient(float x, float weight, float rstd, float grad_normed, float grad_row_sum, const Params& params) {
     float result;
     result = grad_normed*rstd*weight + 2*grad_row_sum*x;
     return result;
   }
+  template <typename T>
   __device__ __forceinline__ static float weight_gradient(float x, float weight, float rstd, float grad_normed, float grad_row_sum, const Params& params) {
     float result;
     result = grad_normed*rstd*x;
@@ -404,13 +409,13 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       const float rstd = Norm::statistic(row_sum, count, params);
       float back = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kCos; ++j) back += Norm::back_summand(x[j], w[j], rstd, dn[j], params);
-      const float grad_row_sum = Norm::slope(row_sum, count, params) * lanes_sum(back, lanes_mask, int(groups));
+      for (int j = 0; j < kCos; ++j) back += Norm::template back_summand<T>(x[j], w[j], rstd, dn[j], params);
+      const float grad_row_sum = Norm::template slope<T>(row_sum, count, params) * lanes_sum(back, lanes_mask, int(groups));
       float r[kCos];
 #pragma unroll
       for (int j = 0; j < kCos; ++j) {
-        r[j] = Norm::gradient(x[j], w[j], rstd, dn[j], grad_row_sum, params);
-        const float share = Norm::weight_gradient(x[j], w[j], rstd, dn[j], grad_row_sum, params);
+        r[j] = Norm::template gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
+        const float share = Norm::template weight_gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
         if (first) shares_of[0][j] += share; else shares_of[1][j] += share;
       }
       T* out = out_ptr(h);

@@ -172,22 +172,27 @@ struct Norm {
     return result;
   }
   // Its backward, derived by sympy: the summand of the backward sum (from grad_normed, the gradient reaching
-  // the normed value), the statistic's slope, the input's gradient and the element's share of its weight's.
+  // the normed value), the statistic's slope, the input's gradient and the element's share of its weight's
+  // (T: the I/O dtype, for the roundings the spec's normed value makes, e.g. transformers' x · rstd).
+  template <typename T>
   __device__ __forceinline__ static float back_summand(float x, float weight, float rstd, float grad_normed, const Params& params) {
     float partial;
     partial = grad_normed*weight*x;
     return partial;
   }
+  template <typename T>
   __device__ __forceinline__ static float slope(float row_sum, float inv_count, const Params& params) {
     float slope;
     slope = -1.0F/2.0F*inv_count/((params.eps + inv_count*row_sum)*sqrtf(params.eps + inv_count*row_sum));
     return slope;
   }
+  template <typename T>
   __device__ __forceinline__ static float gradient(float x, float weight, float rstd, float grad_normed, float grad_row_sum, const Params& params) {
     float result;
     result = grad_normed*rstd*weight + 2*grad_row_sum*x;
     return result;
   }
+  template <typename T>
   __device__ __forceinline__ static float weight_gradient(float x, float weight, float rstd, float grad_normed, float grad_row_sum, const Params& params) {
     float result;
     result = grad_normed*rstd*x;
@@ -422,7 +427,7 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
       float r[kCos];
 #pragma unroll
       for (int j = 0; j < kCos; ++j) {
-        r[j] = Norm::gradient(x[j], w[j], rstd, dn[j], grad_row_sum, params);
+        r[j] = Norm::template gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
       }
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
@@ -470,7 +475,7 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
           const float rstd = first ? rstd_t[0] : rstd_t[kWeights - 1];
           const float grad_row_sum = first ? grad_t[0] : grad_t[kWeights - 1];
 #pragma unroll
-          for (int j = 0; j < kCos; ++j) shares_of[k][j] += Norm::weight_gradient(x[j], w[j], rstd, dn[j], grad_row_sum, params);
+          for (int j = 0; j < kCos; ++j) shares_of[k][j] += Norm::template weight_gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
         }
       }
     } else {
@@ -494,7 +499,7 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
         to_normed(first, v, dn);
         float bk = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kCos; ++j) bk += Norm::back_summand(v0[j], w[j], 0.0f, dn[j], params);
+        for (int j = 0; j < kCos; ++j) bk += Norm::template back_summand<T>(v0[j], w[j], 0.0f, dn[j], params);
         if (h < Index(args.grad_out_heads)) sum[0] += s; else sum[1] += s;
         if (first) back[0] += bk; else back[1] += bk;
       }
@@ -502,7 +507,7 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
       for (int i = 0; i < 2; ++i) {
         const float row_sum = lanes_sum(sum[i], lanes_mask, int(groups));
         rstd_of[i] = Norm::statistic(row_sum, inv_count[i], params);
-        grad_of[i] = Norm::slope(row_sum, inv_count[i], params) * lanes_sum(back[i], lanes_mask, int(groups));
+        grad_of[i] = Norm::template slope<T>(row_sum, inv_count[i], params) * lanes_sum(back[i], lanes_mask, int(groups));
         if (group == 0) {  // every lane holds the same sums
           stats[(int64_t(token) * kWeights + i) * 2] = rstd_of[i];
           stats[(int64_t(token) * kWeights + i) * 2 + 1] = grad_of[i];
@@ -717,7 +722,7 @@ qk_norm_rope_wan_backward_held_kernel(const QkNormRopeWanBackwardArgs args, Inde
 #pragma unroll
         for (int j = 0; j < kCos; ++j) {
           s += Norm::summand(x[j], params);
-          back += Norm::back_summand(x[j], w[j], 0.0f, dn[j], params);
+          back += Norm::template back_summand<T>(x[j], w[j], 0.0f, dn[j], params);
         }
         // constant indices only (a register array indexed at run time would go to local memory)
         if (head_of(k) < Index(args.grad_out_heads)) {
@@ -758,7 +763,7 @@ qk_norm_rope_wan_backward_held_kernel(const QkNormRopeWanBackwardArgs args, Inde
 #pragma unroll
     for (int i = 0; i < kWeights; ++i) {
       rstd[i] = Norm::statistic(total[i], inv_count[i], params);
-      grad_row_sum[i] = Norm::slope(total[i], inv_count[i], params) * total[kWeights + i];
+      grad_row_sum[i] = Norm::template slope<T>(total[i], inv_count[i], params) * total[kWeights + i];
     }
     // each held head: its gradient, and its elements' shares of the weight's
 #pragma unroll
@@ -770,8 +775,8 @@ qk_norm_rope_wan_backward_held_kernel(const QkNormRopeWanBackwardArgs args, Inde
         values(k, x, dn, w);
 #pragma unroll
         for (int j = 0; j < kCos; ++j) {
-          r[j] = Norm::gradient(x[j], w[j], rs, dn[j], grs, params);
-          shares[k * kCos + j][threadIdx.x] += Norm::weight_gradient(x[j], w[j], rs, dn[j], grs, params);
+          r[j] = Norm::template gradient<T>(x[j], w[j], rs, dn[j], grs, params);
+          shares[k * kCos + j][threadIdx.x] += Norm::template weight_gradient<T>(x[j], w[j], rs, dn[j], grs, params);
         }
         T* out = out_ptr(head_of(k));
         store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
