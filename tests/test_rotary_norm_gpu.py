@@ -1,5 +1,6 @@
 """Rotary ops with a norm before the rotation (qk_norm_rope_flux: RMSNorm over each head; qk_norm_rope_wan:
-over every head of a token) on the GPU: hypothesis property tests against the float64 references (head sizes,
+over every head of a token; qk_norm_rope: Qwen3's norm over each head, rotate_half pairs, cos/sin tables) on
+the GPU: hypothesis property tests against the float64 references (head sizes,
 heads, tokens, dtypes, magnitudes, layouts as the models pass them), the two-op pipelines they replace (kgen's
 rmsnorm then rope_flux / rope_wan, and the spec's diffusers peer), a NaN staying in its head or token, the
 refused head sizes and weights, opcheck and torch.compile. The derived backward (both ops): gradients of q, k
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.gpu
 NORMED = [op for op in op_names() if getattr(load_spec(op).structure, "norm", None) is not None]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
-PIPELINE = {"qk_norm_rope_flux": "rope_flux", "qk_norm_rope_wan": "rope_wan"}  # the rotation it fuses
+# the rotation each fuses, and the convention of that and of kgen's rmsnorm that the op's numerics are
+PIPELINE = {"qk_norm_rope_flux": "rope_flux", "qk_norm_rope_wan": "rope_wan", "qk_norm_rope": "rope"}
+CONVENTION = {"qk_norm_rope": {"convention": "transformers"}}
 RMSNORM_REF = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
 TRAINED = [op for op in NORMED if family_of(load_spec(op)).backward(load_spec(op)) is not None]
 
@@ -46,7 +49,8 @@ def grid_of(tokens: int) -> list[int]:
 def make_call(op, dtype, gen, batch, heads, tokens, hidden, layout="bshd", magnitude=1.0, k_heads=None):
     """Inputs and params: q and k [B, H, S, D] as views of [B, S, H, D] heads ("bshd", as the models pass
     them), contiguous, or one element off 16-byte alignment ("misaligned": the scalar path); weights around 1;
-    Flux's positions whole numbers up to about 2000; Wan's grid of the tokens."""
+    Flux's positions whole numbers up to about 2000; Wan's grid of the tokens; cos and sin tables [1, S, D] in
+    the dtype, as a transformers model's rotary embedding gives them (each frequency twice: rotate_half)."""
     spec = load_spec(op)
     k_heads = k_heads or heads
 
@@ -71,6 +75,11 @@ def make_call(op, dtype, gen, batch, heads, tokens, hidden, layout="bshd", magni
     if "positions" in {t.name for t in spec.inputs}:
         positions = (torch.randn(1, 3, tokens, generator=gen, device="cuda").abs() * 700).round()
         inputs.append(positions.expand(batch, -1, -1))
+    elif spec.structure.tables:
+        frequencies = 1e6 ** -(torch.arange(0, hidden, 2, device="cuda", dtype=torch.float64) / hidden)
+        angles = torch.arange(tokens, device="cuda", dtype=torch.float64)[:, None] * frequencies
+        angles = torch.cat([angles, angles], dim=-1)[None]
+        inputs += [angles.cos().to(dtype), angles.sin().to(dtype)]
     else:
         params[:3] = grid_of(tokens)
     params = fit_axis_dims(spec, hidden, params)
@@ -84,17 +93,25 @@ def check(op, outs, inputs, params):
     way is within the bound)."""
     spec = load_spec(op)
     want = spec.reference(*inputs, *params)
-    pipeline = load_spec(PIPELINE[op])
-    cos, sin = pipeline.reference(*inputs[:2], *inputs[4:], *params[:-1], tables=True)
+    if spec.structure.tables:
+        cos, sin = inputs[4:6]
+    else:
+        pipeline = load_spec(PIPELINE[op])
+        cos, sin = pipeline.reference(*inputs[:2], *inputs[4:], *params[:-1], tables=True)
     cos, sin = (cos.unsqueeze(1) if cos.dim() == 3 else cos), (sin.unsqueeze(1) if sin.dim() == 3 else sin)
     over_token = spec.structure.norm.over == "token"
     for out, w, x, weight in zip(outs, want, inputs[:2], inputs[2:4]):
         assert out.shape == x.shape and out.dtype == x.dtype
         normed = norm_reference(x, weight, params[-1], over_token)
-        partner = normed.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        if spec.structure.pairing == "half":
+            partner = torch.cat(normed.chunk(2, dim=-1)[::-1], dim=-1)
+        else:
+            partner = normed.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
         magnitude = normed.abs() * cos.double().abs() + partner.abs() * sin.double().abs()
-        # 16-bit: a normed value one unit apart; float32: the fp32 sum of squares and rsqrtf (a few units)
+        # 16-bit: a normed value one unit apart; float32: the fp32 sum of squares and rsqrtf (a few units);
+        # where each rotation product is rounded to the dtype (transformers'), that unit may flip its rounding
         ulp, normed_error = ULP[x.dtype], max(ULP[x.dtype], 2.0**-18)
+        normed_error *= 2 if op in CONVENTION else 1
         bound = ulp * w.abs() + (normed_error + 4 * 2.0**-24) * magnitude
         bound += torch.finfo(x.dtype).smallest_normal * ulp
         bad = (out.double() - w).abs() > bound
@@ -118,17 +135,18 @@ def norm_reference(x, weight, eps, over_token):
 
 
 @st.composite
-def cases(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    widest = 128 if dtype == torch.float32 else 256  # 32 lanes of one 16-byte access each
+def cases(draw, ops=NORMED):
+    dtype, op = draw(st.sampled_from(DTYPES)), draw(st.sampled_from(ops))
+    # a lane's 16-byte access (of each half of a head, with rotate_half pairs); 1 to 32 lanes sum a head
+    elems = 16 // dtype.itemsize * (2 if load_spec(op).structure.pairing == "half" else 1)
     return dict(
-        op=draw(st.sampled_from(NORMED)),
+        op=op,
         dtype=dtype,
         batch=draw(st.integers(1, 3)),
         # 48: Wan's backward holds q's and k's 96 heads of 128 16-bit channels in no block (its other path)
         heads=draw(st.sampled_from([1, 2, 3, 12, 48])),
         tokens=draw(st.sampled_from([1, 2, 7, 24, 60, 257])),
-        hidden=draw(st.sampled_from([d for d in (8, 16, 32, 64, 128, 256) if d <= widest])),
+        hidden=draw(st.sampled_from([d for d in (8, 16, 32, 64, 128, 256, 512) if elems <= d <= 32 * elems])),
         layout=draw(st.sampled_from(["bshd", "contiguous", "misaligned"])),
         magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
@@ -164,14 +182,15 @@ def test_equals_the_two_ops_it_replaces(ops, record_property, op, shape):
     check(op, got, inputs, params)
     x, k, xw, kw, *rest = inputs
     eps, rope_params = params[-1], params[:-1]
+    convention = CONVENTION.get(op, {})
     if load_spec(op).structure.norm.over == "head":
-        normed = [ops["rmsnorm"](t, w, eps) for t, w in ((x, xw), (k, kw))]
+        normed = [ops["rmsnorm"](t, w, eps, **convention) for t, w in ((x, xw), (k, kw))]
     else:  # over [B, S, H·D], as the model's norm sees the projection
         normed = [
             ops["rmsnorm"](t.transpose(1, 2).flatten(2), w, eps).unflatten(2, t.shape[1::2]).transpose(1, 2)
             for t, w in ((x, xw), (k, kw))
         ]
-    two_ops = ops[PIPELINE[op]](*normed, *rest, *rope_params)
+    two_ops = ops[PIPELINE[op]](*normed, *rest, *rope_params, **convention)
     differ = sum(int((a != b).sum()) for a, b in zip(got, two_ops))
     record_property("differ_from_two_ops", differ)
     assert differ <= 1e-3 * sum(t.numel() for t in got), differ
@@ -203,11 +222,12 @@ def test_refusals(ops, op):
     spec = load_spec(op)
     gen = torch.Generator(device="cuda").manual_seed(1)
     dtype = usable_dtype()
-    for hidden in (96, 512):
+    elems = 16 if spec.structure.pairing == "half" else 8  # a lane's 16-byte access (of each half)
+    for hidden in (96, 64 * elems):
         inputs, params = make_call(op, dtype, gen, 1, 2, 24, hidden)
         message = (
-            rf"{op}: the norm before the rotation serves head sizes D = 8 · 2\^k up to 256 in "
-            rf"(BFloat16|Half) \(D / 8 lanes of one warp sum a (head|token)\), got D = {hidden}"
+            rf"{op}: the norm before the rotation serves head sizes D = {elems} · 2\^k up to {32 * elems} in "
+            rf"(BFloat16|Half) \(D / {elems} lanes of one warp sum a (head|token)\), got D = {hidden}"
         )
         with pytest.raises(ValueError, match=message):
             ops[op](*inputs, *params)
@@ -296,8 +316,7 @@ def assert_gradients_close(op, got, want, library, inputs, params, grads):
 
 @st.composite
 def gradient_cases(draw):
-    case = draw(cases())
-    return case | dict(op=draw(st.sampled_from(TRAINED)), magnitude=draw(st.sampled_from([1e-2, 1.0, 30.0])))
+    return draw(cases(TRAINED)) | dict(magnitude=draw(st.sampled_from([1e-2, 1.0, 30.0])))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -354,7 +373,9 @@ def test_a_nan_gradient_stays_in_its_head(ops, op):
     assert torch.equal(gx.isnan(), expected)
     assert not gk.isnan().any() and not gkw.isnan().any()
     at = 2 * 128 + 16 if over_token else 16  # head 2's channel 16 of an [H·D] weight
-    assert gxw[at : at + 2].isnan().all() and not gxw[:at].isnan().any() and not gxw[at + 2 :].isnan().any()
+    mixed = torch.zeros_like(gxw, dtype=torch.bool)  # channel 16 and its pair partner
+    mixed[[at, at + 64] if load_spec(op).structure.pairing == "half" else [at, at + 1]] = True
+    assert torch.equal(gxw.isnan(), mixed)
 
 
 @pytest.mark.parametrize("op", TRAINED)
