@@ -89,6 +89,17 @@ def fused_norms(model) -> dict[str, str]:
     }
 
 
+def qk_norms(model) -> dict[str, str]:
+    """What kernelize reports for the q/k norms qk_norm_rope serves with the rotary embedding after them:
+    every Qwen3 attention's q_norm and k_norm ({} for Llama, which has none)."""
+    attentions = [n for n, m in model.named_modules() if type(m).__name__ == "Qwen3Attention"]
+    return {
+        f"{n}.{norm}": "qk_norm_rope (with the rotary embedding)"
+        for n in attentions
+        for norm in ("q_norm", "k_norm")
+    }
+
+
 def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
     """kgen's bf16 logits are as close to the fp32 model's as transformers' own bf16 logits are."""
     arch, calls = served_ops
@@ -105,23 +116,25 @@ def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
         if rope
         else {}
     )
-    fused = fused_norms(model)
+    fused, qk = fused_norms(model), qk_norms(model)
     assert served == {
         **{n: "rmsnorm.RMSNorm" for n in norms},
         **{n: "silu_mul.GatedMLP" for n in mlps},
         **rotary,
         **fused,
+        **qk,
     }
-    if kind == "qwen3":
-        assert "model.layers.1.self_attn.q_norm" in served and "model.layers.1.self_attn.k_norm" in served
+    assert len(qk) == (2 * len(mlps) if kind == "qwen3" else 0)
     before = calls.copy()
     kgen = logits(model, ids, torch.bfloat16)
     if not GPU:
-        assert calls["rmsnorm_transformers"] - before["rmsnorm_transformers"] == len(norms) - len(fused)
-        added = calls["fused_add_rmsnorm_transformers"] - before["fused_add_rmsnorm_transformers"]
-        assert added == len(fused)
-        assert calls["silu_mul_transformers"] - before["silu_mul_transformers"] == len(mlps)
-        assert calls["rope_transformers"] - before["rope_transformers"] == (len(mlps) if rope else 0)
+        ran = calls - before  # a Counter: 0 for an op that did not run
+        assert ran["rmsnorm_transformers"] == len(norms) - len(fused) - len(qk)
+        assert ran["fused_add_rmsnorm_transformers"] == len(fused)
+        assert ran["qk_norm_rope"] == len(qk) // 2  # q and k in one call
+        assert ran["silu_mul_transformers"] == len(mlps)
+        # the rotation on request where no q/k norm comes before it (Llama)
+        assert ran["rope_transformers"] == (len(mlps) if rope and not qk else 0)
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
     assert kgen_err <= 1.5 * eager_err + 1e-3, (
         f"kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
@@ -176,7 +189,7 @@ def test_the_fused_residual_adds_change_no_bit(kind, served_ops, build_root):
     unfused = model_of(kind, config, layers=3).to(torch.bfloat16)
     fused = copy.deepcopy(unfused)
     kernelize(unfused, ("rmsnorm", "silu_mul"), arch=arch, root=build_root)
-    served = kernelize(fused, arch=arch, root=build_root)
+    served = kernelize(fused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
     assert served.items() >= fused_norms(fused).items() and len(fused_norms(fused)) == 5
     ids = torch.randint(0, config["vocab_size"], (2, 24), device=DEVICE)
     with torch.no_grad():
@@ -189,7 +202,8 @@ def test_the_fused_residual_adds_change_no_bit(kind, served_ops, build_root):
         assert len(got) == len(want) == 4 and all(type(h) is torch.Tensor for h in got)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
         assert torch.equal(fused(ids).logits, unfused(ids).logits)
-    assert kernelize(fused, arch=arch, root=build_root) == served  # again: the same layers, the same report
+    again = kernelize(fused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
+    assert again == served  # the same layers, the same report
     with torch.no_grad():
         assert torch.equal(fused(ids).logits, unfused(ids).logits)
 
@@ -207,7 +221,7 @@ def test_a_layer_with_another_norm_takes_no_pending_add(served_ops, build_root):
     )
     fused = copy.deepcopy(unfused)
     kernelize(unfused, ("rmsnorm", "silu_mul"), arch=arch, root=build_root)
-    served = kernelize(fused, arch=arch, root=build_root)
+    served = kernelize(fused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
     assert {n for n, v in served.items() if v.startswith("fused_add_rmsnorm")} == {
         "model.layers.0.post_attention_layernorm",
         "model.layers.2.post_attention_layernorm",
@@ -216,6 +230,78 @@ def test_a_layer_with_another_norm_takes_no_pending_add(served_ops, build_root):
     ids = torch.randint(0, SMALL["vocab_size"], (2, 24), device=DEVICE)
     with torch.no_grad():
         assert torch.equal(fused(ids).logits, unfused(ids).logits)
+
+
+def same_logits(got, want):
+    """On a CPU bit for bit (the reference kernels round as the model: the normed values, then each rotation
+    product, in the dtype); on a GPU the fused kernel's fp32 sum of a head's squares may round a normed value
+    one unit apart from kgen's RMSNorm's (test_rotary_norm_gpu counts those), so close."""
+    if GPU:
+        assert (got.double() - want.double()).abs().max().item() <= 0.02 * want.abs().max().item()
+    else:
+        assert torch.equal(got, want)
+
+
+def test_qwen3_q_k_norms_and_rotation_in_one_pass(served_ops, build_root):
+    """qk_norm_rope serves each Qwen3 attention's q_norm and k_norm with the rotary embedding after them, one
+    call per attention: the logits of kgen's unfused RMSNorm and transformers' rotation, and with a dynamic
+    and a static cache (passed by name through the decoder layers) the same greedy tokens; kernelize again
+    gives the same report."""
+    import copy
+
+    arch, calls = served_ops
+    unfused = model_of("qwen3", SMALL, layers=3).to(torch.bfloat16)
+    fused = copy.deepcopy(unfused)
+    kernelize(unfused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
+    served = kernelize(fused, arch=arch, root=build_root)
+    qk = qk_norms(fused)
+    assert served.items() >= qk.items() and len(qk) == 6
+    attention = fused.model.layers[0].self_attn
+    assert isinstance(attention, transformers.models.qwen3.modeling_qwen3.Qwen3Attention)
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 24), device=DEVICE)
+    with torch.no_grad():
+        before = calls.copy()
+        got = fused(ids).logits
+        if not GPU:
+            assert calls["qk_norm_rope"] - before["qk_norm_rope"] == 3
+            assert calls["rmsnorm_transformers"] - before["rmsnorm_transformers"] == 2  # the first and final
+        same_logits(got, unfused(ids).logits)
+    for cache in ("dynamic", "static"):
+        tokens = [
+            m.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation=cache, pad_token_id=0)
+            for m in (fused, unfused)
+        ]
+        assert tokens[0].shape == (2, 28) and (GPU or torch.equal(*tokens)), cache
+    assert kernelize(fused, arch=arch, root=build_root) == served
+
+
+def test_an_attention_the_kernel_does_not_fit_runs_the_models_norms(served_ops, build_root):
+    """Where a call does not fit qk_norm_rope (here k_norm's eps unlike q_norm's), that attention runs its
+    norms (kgen's RMSNorm) and transformers' rotation: the unfused model's logits; an attention whose q_norm
+    is another norm keeps the model's forward and is not reported."""
+    import copy
+
+    arch, calls = served_ops
+    unfused = model_of("qwen3", SMALL, layers=3).to(torch.bfloat16)
+    unfused.model.layers[1].self_attn.k_norm.variance_epsilon = 1e-5
+    unfused.model.layers[2].self_attn.q_norm = torch.nn.RMSNorm(
+        SMALL["head_dim"], eps=1e-6, device=DEVICE, dtype=torch.bfloat16
+    )
+    fused = copy.deepcopy(unfused)
+    kernelize(unfused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
+    served = kernelize(fused, arch=arch, root=build_root)
+    assert {n for n, v in served.items() if v.startswith("qk_norm_rope")} == {
+        f"model.layers.{i}.self_attn.{norm}" for i in (0, 1) for norm in ("q_norm", "k_norm")
+    }
+    kept = fused.model.layers[2].self_attn
+    assert type(kept).forward is transformers.models.qwen3.modeling_qwen3.Qwen3Attention.forward
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 24), device=DEVICE)
+    with torch.no_grad():
+        before = calls.copy()
+        got = fused(ids).logits
+        if not GPU:
+            assert calls["qk_norm_rope"] - before["qk_norm_rope"] == 1
+        same_logits(got, unfused(ids).logits)
 
 
 def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
@@ -231,8 +317,8 @@ def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
 def test_a_model_it_does_not_know_is_refused(served_ops, build_root):
     with pytest.raises(
         KgenError,
-        match=r"Sequential: no module is one that kgen's rmsnorm, fused_add_rmsnorm, silu_mul layers replace "
-        r"\(.*LlamaDecoderLayer.*LlamaRMSNorm.*Qwen3DecoderLayer.*Qwen3MLP",
+        match=r"Sequential: no module is one that kgen's rmsnorm, fused_add_rmsnorm, qk_norm_rope, silu_mul "
+        r"layers replace \(.*LlamaDecoderLayer.*LlamaRMSNorm.*Qwen3Attention.*Qwen3DecoderLayer.*Qwen3MLP",
     ):
         kernelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), arch=served_ops[0], root=build_root)
 
@@ -243,7 +329,8 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     explained = torch._dynamo.explain(model)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
-    in_graph = ("rmsnorm_transformers", "fused_add_rmsnorm_transformers", "silu_mul_transformers")
+    in_graph = ("rmsnorm_transformers", "fused_add_rmsnorm_transformers", "qk_norm_rope")
+    in_graph += ("silu_mul_transformers",)
     assert all(op in code for op in in_graph)  # in the graph, not around it
     eager = logits(model, ids, torch.bfloat16)
     torch._dynamo.reset()
@@ -252,24 +339,24 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     assert (compiled - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
 
 
-def test_a_training_step_compiles_whole_with_rope(served_ops, build_root, monkeypatch):
-    """kernelize(mode=Mode.TRAINING) with the rotary embedding: dynamo traces a training step's forward (the
-    loss included) as one graph, kgen's layers and the rotary function inside it; the loss served on request
-    is transformers' own there (Inductor fuses it with the returned logits' gradient)."""
+def test_a_training_step_compiles_whole(served_ops, build_root):
+    """kernelize(mode=Mode.TRAINING): dynamo traces a training step's forward (the loss included) as one
+    graph, kgen's layers and the q/k norms fused with the rotation inside it, kgen's rope nowhere;
+    the loss served on request is transformers' own there (Inductor fuses it with the returned logits'
+    gradient)."""
     from kernels import Mode
 
     arch, calls = served_ops
-    modeling = transformers.models.qwen3.modeling_qwen3
-    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # put back after
     model = model_of("qwen3", SMALL).train().to(torch.bfloat16)
-    kernelize(model, OPS + ("rope", "cross_entropy"), arch=arch, root=build_root, mode=Mode.TRAINING)
+    kernelize(model, OPS + ("cross_entropy",), arch=arch, root=build_root, mode=Mode.TRAINING)
     ids, labels = (torch.randint(0, SMALL["vocab_size"], (2, 16), device=DEVICE) for _ in range(2))
     torch._dynamo.reset()
     before = calls.copy()
     explained = torch._dynamo.explain(lambda i, y: model(i, labels=y, use_cache=False).loss)(ids, labels)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
-    assert all(op in code for op in ("rmsnorm_transformers", "silu_mul_transformers", "rope_transformers"))
+    assert all(op in code for op in ("rmsnorm_transformers", "silu_mul_transformers", "qk_norm_rope"))
+    assert "rope_transformers" not in code.replace("qk_norm_rope", "")
     assert "torch.nn.functional.cross_entropy" in code
     assert calls["cross_entropy"] == before["cross_entropy"]
 
@@ -316,8 +403,9 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
     eager = grads(copy.deepcopy(model).to(torch.bfloat16), ids, labels)
     kgen = copy.deepcopy(model).to(torch.bfloat16)
     served = kernelize(kgen, OPS + ("rope",) * rope, arch=arch, root=build_root, mode=Mode.TRAINING)
-    assert served.items() >= fused_norms(kgen).items()
-    assert set(served.values()) - set(fused_norms(kgen).values()) == {
+    fused, qk = fused_norms(kgen), qk_norms(kgen)
+    assert served.items() >= (fused | qk).items()
+    assert set(served.values()) - set(fused.values()) - set(qk.values()) == {
         "rmsnorm.RMSNorm",
         "silu_mul.GatedMLP",
     } | ({"rope.RotaryPosEmb"} if rope else set())
@@ -328,12 +416,15 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
         assert calls["rmsnorm_backward_transformers"] - before["rmsnorm_backward_transformers"] == norms
         assert calls["silu_mul_backward_transformers"] - before["silu_mul_backward_transformers"] > 0
         layers = model.config.num_hidden_layers
-        fused = (
+        added = (
             calls["fused_add_rmsnorm_backward_transformers"]
             - before["fused_add_rmsnorm_backward_transformers"]
         )
-        assert fused == 2 * layers - 1
-        assert calls["rope_backward_transformers"] - before["rope_backward_transformers"] == layers * rope
+        assert added == 2 * layers - 1
+        qk_calls = calls["qk_norm_rope_backward"] - before["qk_norm_rope_backward"]
+        assert qk_calls == len(qk) // 2  # q's and k's gradients in one call per layer
+        rotations = calls["rope_backward_transformers"] - before["rope_backward_transformers"]
+        assert rotations == (layers * rope if not qk else 0)  # the rotation on request: Llama's
     assert got.keys() == truth.keys() == dict(model.named_parameters()).keys()
     for name, want in truth.items():
         eager_err, kgen_err = (eager[name] - want).abs().max().item(), (got[name] - want).abs().max().item()

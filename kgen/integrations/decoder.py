@@ -23,7 +23,7 @@ _LLAMA, _QWEN3 = (
     "transformers.models.llama.modeling_llama.Llama",
     "transformers.models.qwen3.modeling_qwen3.Qwen3",
 )
-LAYERS = {f"{m}DecoderLayer": f"{m}RMSNorm" for m in (_LLAMA, _QWEN3)}  # layer class: its norms' class
+CLASSES = {f"{m}DecoderLayer": f"{m}RMSNorm" for m in (_LLAMA, _QWEN3)}  # layer class: its norms' class
 OP = "fused_add_rmsnorm"
 
 
@@ -35,21 +35,21 @@ class PendingAdd(NamedTuple):
     mlp: Any
 
 
-def fuse_residual_adds(model, load_op: Callable[[], Callable]) -> dict[str, str]:
+def fuse(model, load_op: Callable[[], Callable]) -> dict[str, str]:
     """Makes every Llama / Qwen3 decoder layer of ``model`` whose two norms are the model's RMSNorm an
     instance of a subclass of its class whose forward (below) calls ``load_op()``'s fused_add_rmsnorm; a layer
     hands its last add on only to such a layer. A subclass, not a forward set on the instance: transformers'
     gradient checkpointing wraps the forward of each subclass of its layers (in versions that do not wrap
     __call__). Returns {norm module name: what now computes it} for the norms fused with the add before
     them; {} where the model has no such layer."""
-    layers = [(n, m, _fusable(m)) for n, m in model.named_modules() if _path(_base(m)) in LAYERS]
+    layers = [(n, m, _fusable(m)) for n, m in model.named_modules() if class_path(model_class(m)) in CLASSES]
     if not any(fusable for *_, fusable in layers):
         return {}
     fused_add_rmsnorm, served, classes = load_op(), {}, {}
     for i, (name, layer, fusable) in enumerate(layers):
         if not fusable:
             continue
-        base = _base(layer)
+        base = model_class(layer)
         if base not in classes:
             body = {"forward": _forward(fused_add_rmsnorm), "kgen_base": base, "__module__": __name__}
             classes[base] = type(base.__name__, (base,), body)
@@ -61,18 +61,18 @@ def fuse_residual_adds(model, load_op: Callable[[], Callable]) -> dict[str, str]
     return served
 
 
-def _base(module) -> type:
+def model_class(module) -> type:
     """The model's own class of ``module`` (the class kgen's subclass replaced, if it did)."""
     return getattr(type(module), "kgen_base", type(module))
 
 
-def _path(cls: type) -> str:
+def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _fusable(layer) -> bool:
     norms = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
-    return all(_path(type(n)) == LAYERS[_path(_base(layer))] for n in norms) and all(
+    return all(class_path(type(n)) == CLASSES[class_path(model_class(layer))] for n in norms) and all(
         hasattr(layer, n) for n in ("self_attn", "mlp")
     )
 

@@ -16,11 +16,12 @@ from typing import Callable
 from ..builder import build_op, device_arch, load
 from ..catalog import load_spec
 from ..errors import KgenError
-from . import decoder
+from . import attention, decoder
 
-# RMSNorm everywhere (q_norm and k_norm too), each decoder layer's residual adds fused with the norms after
-# them (kgen.integrations.decoder) and the SwiGLU MLP; "rope" and "cross_entropy" on request
-OPS = ("rmsnorm", "fused_add_rmsnorm", "silu_mul")
+# RMSNorm everywhere, each decoder layer's residual adds fused with the norms after them
+# (kgen.integrations.decoder), Qwen3's q/k norms fused with the rotary embedding (kgen.integrations.attention)
+# and the SwiGLU MLP; "rope" (the rotation with no norm before it: Llama's) and "cross_entropy" on request
+OPS = ("rmsnorm", "fused_add_rmsnorm", "qk_norm_rope", "silu_mul")
 LOSSES = ("cross_entropy",)  # ops that serve the model's loss_function (a causal LM's), not a module
 
 
@@ -39,7 +40,9 @@ def kernelize(
     modules is known.
 
     fused_add_rmsnorm serves the Llama / Qwen3 decoder layers' residual adds with the norms after them
-    (kgen.integrations.decoder), reported per norm it fuses with an add (overriding "rmsnorm.RMSNorm").
+    (kgen.integrations.decoder), reported per norm it fuses with an add (overriding "rmsnorm.RMSNorm");
+    qk_norm_rope serves Qwen3's q_norm and k_norm with the rotary embedding after them
+    (kgen.integrations.attention), reported per norm.
 
     An op of LOSSES ("cross_entropy") serves the model's loss_function instead (`causal_lm_loss`), reported
     as {"loss_function": ...}.
@@ -90,13 +93,12 @@ def kernelize(
                     name = function.kernel_layer_name
                     functions[path] = (function, f"{op}.{layer.name}")
                 mapping[name] = {"cuda": repository}
-    if decoder.OP in ops:
-        fused = decoder.fuse_residual_adds(
-            model, lambda: load(build_op(decoder.OP, arch, root, step)).fused_add_rmsnorm
-        )
+    for fusion in (f for f in (decoder, attention) if f.OP in ops):  # kgen's subclasses of the model's
+        fused |= fusion.fuse(model, lambda op=fusion.OP: getattr(load(build_op(op, arch, root, step)), op))
     if not mapping and not fused and not (losses and not ops):
         known = {p.rsplit(".", 1)[1] for op in ops for layer in load_spec(op).layers for p in layer.replaces}
-        known |= {p.rsplit(".", 1)[1] for p in decoder.LAYERS} if decoder.OP in ops else set()
+        for module in (decoder, attention):
+            known |= {p.rsplit(".", 1)[1] for p in module.CLASSES} if module.OP in ops else set()
         raise KgenError(
             f"{type(model).__name__}: no module is one that kgen's {', '.join(ops)} layers replace "
             f"({', '.join(sorted(known))})"

@@ -14,14 +14,13 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
 - qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
   after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
   its whole length, so every step costs the same); the kgen model kernelized with
-  kgen.integrations.transformers' OPS (RMSNorm, the residual adds fused with the norms after them, the
-  SwiGLU MLP).
+  kgen.integrations.transformers' OPS (RMSNorm, the residual adds fused with the norms after them, the q/k
+  norms fused with the rotary embedding, the SwiGLU MLP).
 - qwen3-train: one training step (forward with the causal-LM loss on random labels, then backward; no
   optimizer) of the Qwen3-8B config cut to 4 layers at 2 × 2048 tokens; the kgen model kernelized for
-  training (OPS, RoPE and the causal-LM loss's cross-entropy, with their derived backwards; RoPE replaces a
-  module-level function every model of the modeling file calls, so it is kgen's only while the kgen model's
-  step runs), and Liger-Kernel's `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused
-  linear cross-entropy) where it is installed.
+  training (OPS and the causal-LM loss's cross-entropy, with their derived backwards), and Liger-Kernel's
+  `apply_liger_kernel_to_qwen3` (its defaults: RMSNorm, SwiGLU, RoPE, fused linear cross-entropy) where it
+  is installed.
 """
 
 from __future__ import annotations
@@ -77,16 +76,12 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
 def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
     from kernels import Mode
     from transformers import Qwen3Config, Qwen3ForCausalLM
-    from transformers.models.qwen3 import modeling_qwen3
 
     cfg = Qwen3Config(**(config or QWEN3_8B | {"num_hidden_layers": 4}))
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).train()
     models = {"eager": model, "eager + kgen": copy.deepcopy(model)}
-    own_rope = modeling_qwen3.apply_rotary_pos_emb
-    kernelize(models["eager + kgen"], OPS + ("rope", "cross_entropy"), mode=Mode.TRAINING, **kernelize_kwargs)
-    rope = {id(models["eager + kgen"]): modeling_qwen3.apply_rotary_pos_emb}  # kgen's, for its model alone
-    modeling_qwen3.apply_rotary_pos_emb = own_rope
+    kernelize(models["eager + kgen"], OPS + ("cross_entropy",), mode=Mode.TRAINING, **kernelize_kwargs)
     liger = _liger_qwen3(copy.deepcopy(model))
     if liger is None:
         log("Liger-Kernel is not installed (pip install liger-kernel): no Liger column")
@@ -96,13 +91,9 @@ def qwen3_train(torch, device, config, kernelize_kwargs, steps, log):
     ids = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device)
     labels = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device)
 
-    def step(m):  # m: a model above or torch.compile of one (its _orig_mod)
-        modeling_qwen3.apply_rotary_pos_emb = rope.get(id(getattr(m, "_orig_mod", m)), own_rope)
-        try:
-            m.zero_grad(set_to_none=True)
-            m(ids, labels=labels, use_cache=False).loss.backward()
-        finally:  # the module as it was for whatever runs next in the process
-            modeling_qwen3.apply_rotary_pos_emb = own_rope
+    def step(m):  # m: a model above or torch.compile of one
+        m.zero_grad(set_to_none=True)
+        m(ids, labels=labels, use_cache=False).loss.backward()
 
     return models, {f"Qwen3 training step, {cfg.num_hidden_layers} layers, {batch}×{tokens} tokens": step}
 
