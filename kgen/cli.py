@@ -24,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(highlight=False)
+E2E = "ltx, ltx-train, flux, wan, wan-train, qwen3 or qwen3-train"  # kgen bench --e2e's targets
 err_console = Console(stderr=True, highlight=False)
 
 
@@ -367,8 +368,7 @@ def bench(
         Optional[str],
         typer.Option(
             "--e2e",
-            help="ltx, ltx-train, flux, wan, qwen3 or qwen3-train: the whole model, eager and compiled, with "
-            "and without kgen",
+            help=f"{E2E}: the whole model, eager and compiled, with and without kgen",
         ),
     ] = None,
     backward: Annotated[
@@ -412,7 +412,7 @@ def bench(
         console.print(path.read_text())
         return
     if (op is None) == (not all_ops):
-        raise UsageError("name one op, pass --all, or --e2e ltx|ltx-train|flux|wan|qwen3|qwen3-train")
+        raise UsageError(f"name one op, pass --all, or --e2e with one of {E2E}")
     options = dict(repeats=repeats, build_root=build_dir, console=console, dtype=_dtype(dtype), rounds=rounds)
     if sweep:
         from .sweep import run_sweep, stem, sweepable

@@ -101,10 +101,11 @@ def test_qwen3_train_runs_kgens_ops_in_the_kgen_models_step_alone(reference_kern
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
-@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux", "wan"])
+@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux", "wan", "wan-train"])
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
     ops = kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS
-    calls = reference_kernels(ops + (kgen_wan.OPS if target == "wan" else ()) + ("rope", "cross_entropy"))
+    wan = kgen_wan.OPS if target.startswith("wan") else ()
+    calls = reference_kernels(ops + wan + ("rope", "cross_entropy"))
     before = calls.copy()
     result = run_e2e(
         target,
@@ -130,6 +131,8 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
         assert {"fused_add_rmsnorm_transformers", "qk_norm_rope"} <= ran
     if target == "ltx-train":
         assert {"rmsnorm_backward", "rope3d_qk_backward", "gelu_tanh_backward"} <= ran
+    if target == "wan-train":  # (head size 12: the q/k norms and the rotation apart)
+        assert {"adaln_layernorm_fp32_backward", "rope_wan_backward", "gelu_tanh_backward"} <= ran
     workloads = [row["workload"] for row in result["rows"]]
     assert (
         workloads
@@ -140,6 +143,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
             "ltx-train": ["LTX-Video training step, 2 blocks, B=2, S=24 (2×3×4)"],
             "flux": ["Flux.1 forward, B=1, 9 image + 5 text tokens"],
             "wan": ["Wan forward, B=1, 2×4×4 latents (8 tokens), 5 text tokens"],
+            "wan-train": ["Wan training step, 2 blocks, B=1, 2×4×4 latents (8 tokens), 5 text tokens"],
         }[target]
     )
     for row in result["rows"]:
@@ -184,7 +188,7 @@ def test_no_cuda_device_is_a_clear_error():
 
 
 def test_unknown_target_is_refused():
-    targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan'\]"
+    targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan', 'wan-train'\]"
     with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):
         run_e2e("llama", device="cpu")
 

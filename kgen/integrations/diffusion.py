@@ -1,4 +1,4 @@
-"""The diffusion transformers `kgen bench --e2e` times (ltx, ltx-train, flux, wan: described in
+"""The diffusion transformers `kgen bench --e2e` times (ltx, ltx-train, flux, wan, wan-train: described in
 kgen.integrations.workloads), each builder returning the untimed models ({variant: model}, the kgen one a
 deep copy of the eager one, patched) and the workloads ({name: fn(model)}). Random weights, bf16."""
 
@@ -94,35 +94,72 @@ def flux(torch, device, config, patch_kwargs, steps, log):
 def wan(torch, device, config, patch_kwargs, steps, log):
     """Wan 2.1 1.3B (30 blocks) and 14B cut to 2 blocks, each variant's two models one module called by name.
     bf16 with the modules Wan keeps in float32 as from_pretrained loads them."""
-    from diffusers import WanTransformer3DModel
-
     configs = WAN if not config else {"Wan": config}
-    (frames, height, width), text = ((21, 60, 104), 512) if not config else ((2, 4, 4), 5)
     variants, workloads = {"eager": {}, "eager + kgen": {}}, {}
     for i, (label, cfg) in enumerate(configs.items()):
-        with torch.device(device):
-            model = cast_as_from_pretrained(WanTransformer3DModel(**cfg), torch.bfloat16).eval()
-        kgen = copy.deepcopy(model)
-        patch(kgen, **patch_kwargs)
+        model, kgen = _wan_models(torch, device, cfg, patch_kwargs, train=False)
         key = f"model{i}"
         variants["eager"][key], variants["eager + kgen"][key] = model, kgen
-        inputs = dict(
-            hidden_states=torch.randn(
-                1, model.config.in_channels, frames, height, width, device=device, dtype=torch.bfloat16
-            ),
-            timestep=torch.tensor([500.0], device=device),
-            encoder_hidden_states=torch.randn(
-                1, text, model.config.text_dim, device=device, dtype=torch.bfloat16
-            ),
-            return_dict=False,
-        )
-        p_t, p_h, p_w = model.config.patch_size
-        tokens = frames // p_t * (height // p_h) * (width // p_w)
-        name = (
-            f"{label} forward, B=1, {frames}×{height}×{width} latents ({tokens} tokens), {text} text tokens"
-        )
-        workloads[name] = lambda m, key=key, inputs=inputs: m(key, **inputs)
+        inputs, shape = _wan_inputs(torch, device, model, small=bool(config))
+        workloads[f"{label} forward, {shape}"] = lambda m, key=key, inputs=inputs: m(key, **inputs)
     return {variant: _by_name(torch, models) for variant, models in variants.items()}, workloads
+
+
+def wan_train(torch, device, config, patch_kwargs, steps, log):
+    """One training step of Wan 2.1 1.3B cut to 4 blocks (forward, a mean-squared error against a random
+    target, backward; no optimizer) at wan's shape. Attention by the flash, memory-efficient or math
+    backend in every variant: torch 2.11's cuDNN attention backward fails on the H200 in Wan's training step,
+    diffusers' own model included (tests/test_flux_integration.py)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = config or WAN["Wan 2.1 1.3B"] | {"num_layers": 4}
+    model, kgen = _wan_models(torch, device, cfg, patch_kwargs, train=True)
+    inputs, shape = _wan_inputs(torch, device, model, small=bool(config))
+    latents = inputs["hidden_states"]
+    out_channels = model.config.out_channels or model.config.in_channels
+    target = torch.randn(latents.shape[0], out_channels, *latents.shape[2:], device=device)
+
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        with sdpa_kernel(backends):
+            torch.nn.functional.mse_loss(m(**inputs)[0].float(), target).backward()
+
+    label = "Wan" if config else "Wan 2.1 1.3B"
+    name = f"{label} training step, {model.config.num_layers} blocks, {shape}"
+    return {"eager": model, "eager + kgen": kgen}, {name: step}
+
+
+def _wan_models(torch, device, cfg: dict, patch_kwargs, train: bool):
+    """A WanTransformer3DModel of ``cfg`` in bf16 with the modules Wan keeps in float32 as from_pretrained
+    loads them, and a patched copy."""
+    from diffusers import WanTransformer3DModel
+
+    with torch.device(device):
+        model = cast_as_from_pretrained(WanTransformer3DModel(**cfg), torch.bfloat16).train(train)
+    kgen = copy.deepcopy(model)
+    patch(kgen, **patch_kwargs)
+    return model, kgen
+
+
+def _wan_inputs(torch, device, model, small: bool) -> tuple[dict, str]:
+    """The transformer's arguments at B = 1 (a 480p video of 81 frames: 21×60×104 latents, 512 text tokens;
+    ``small``: 2×4×4 and 5) and the shape in words."""
+    (frames, height, width), text = ((21, 60, 104), 512) if not small else ((2, 4, 4), 5)
+    inputs = dict(
+        hidden_states=torch.randn(
+            1, model.config.in_channels, frames, height, width, device=device, dtype=torch.bfloat16
+        ),
+        timestep=torch.tensor([500.0], device=device),
+        encoder_hidden_states=torch.randn(
+            1, text, model.config.text_dim, device=device, dtype=torch.bfloat16
+        ),
+        return_dict=False,
+    )
+    p_t, p_h, p_w = model.config.patch_size
+    tokens = frames // p_t * (height // p_h) * (width // p_w)
+    return inputs, f"B=1, {frames}×{height}×{width} latents ({tokens} tokens), {text} text tokens"
 
 
 def _by_name(torch, models: dict):

@@ -1,4 +1,4 @@
-"""Whole-model timing (`kgen bench --e2e ltx|ltx-train|flux|wan|qwen3|qwen3-train`): each workload
+"""Whole-model timing (`kgen bench --e2e ltx|ltx-train|flux|wan|wan-train|qwen3|qwen3-train`): each workload
 (kgen.integrations.workloads) as eager, eager + kgen, torch.compile and torch.compile + kgen (and Liger-Kernel
 where a training workload has it), on one set of random weights, median of the rounds' medians, the variants
 interleaved within a round. A training workload also reports each variant's peak memory of one step: the most

@@ -11,6 +11,9 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
 - wan: the Wan 2.1 text-to-video transformer forward, 1.3B (30 blocks) and 14B cut to 2 blocks, at B = 1, a
   480p video of 81 frames (21×60×104 latents: 21×30×52 = 32760 tokens after the (1, 2, 2) patch), 512 text
   tokens, a timestep per batch; bf16 with the modules Wan keeps in float32 (as from_pretrained loads it).
+- wan-train: one training step (forward, a mean-squared error against a random target, backward; no
+  optimizer) of the Wan 2.1 1.3B config cut to 4 blocks at wan's shape (B = 1, 32760 video + 512 text tokens);
+  the kgen model patched as for inference (every op runs with its derived backward).
 - qwen3: the Qwen3-8B config (36 layers): prefill of 2048 tokens (batch 1), and one decode step at batch 64
   after 512 tokens of context in a static cache (each timed step appends a token; a static cache attends over
   its whole length, so every step costs the same); the kgen model kernelized with
@@ -28,7 +31,7 @@ from __future__ import annotations
 import copy
 import inspect
 
-from .diffusion import flux, ltx, ltx_train, wan
+from .diffusion import flux, ltx, ltx_train, wan, wan_train
 from .transformers import OPS, kernelize
 
 QWEN3_8B = dict(
@@ -125,7 +128,8 @@ BUILDERS = {
     "ltx-train": ltx_train,
     "flux": flux,
     "wan": wan,
+    "wan-train": wan_train,
     "qwen3": qwen3,
     "qwen3-train": qwen3_train,
 }
-TRAINING = {"ltx-train", "qwen3-train"}
+TRAINING = {"ltx-train", "qwen3-train", "wan-train"}
