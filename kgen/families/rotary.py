@@ -274,9 +274,9 @@ class RotaryFamily(Family):
         half = spec.structure.pairing == "half"
         vector = hidden % (kernel.vector_elems * (2 if half else 1)) == 0
         b = kernel.buckets[0 if vector else 1]
+        per_thread = b.elems_per_access * (2 if half else 1)  # rotate_half: an access of each half
         grid = min(
-            -(-rows * (hidden // (b.elems_per_access * (2 if half else 1))) // b.block_threads),
-            kernel.wave_threads // b.block_threads,
+            -(-rows * (hidden // per_thread) // b.block_threads), kernel.wave_threads // b.block_threads
         )
         choices = [
             (
@@ -288,8 +288,9 @@ class RotaryFamily(Family):
             (
                 "grid",
                 f"{grid} blocks",
-                f"ceil({rows} × {hidden} / {b.elems_per_access} accesses / "
-                f"{b.block_threads}) on {profile.sm_count} SMs, at most one full wave "
+                f"ceil({rows} × {hidden} / {per_thread} elements a thread"
+                + (" (an access of each half)" if half else "")
+                + f" / {b.block_threads}) on {profile.sm_count} SMs, at most one full wave "
                 f"({kernel.wave_threads // b.block_threads}), threads walking tokens",
             ),
             ("storage", "none", b.reasons["storage"]),
