@@ -74,13 +74,14 @@ def gradient_outputs(forward: OpSpec, backward: OpSpec) -> dict[str, str]:
     return {name: out for name, out in found.items() if out in outs}
 
 
-def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None, passes=None):
+def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None, passes=None, aliases=None):
     """The backward's float64 reference: autograd of the forward's reference. Called with the backward's
     inputs in ``order`` (names: the forward's inputs and one incoming gradient per output, grad_<output>;
     by default the forward's inputs, then the gradients), then the params, and ``convention``. A forward
     input the backward does not take (a linear op's gradients do not depend on it) is zeros shaped like the
-    input ``stand_in`` maps it to. Returns the gradient of every input (named in ``returns``) in order, one
-    ``passes`` maps to the incoming gradient it equals empty where it has that gradient's shape."""
+    input ``stand_in`` maps it to, or (``aliases``) the backward input it maps to (a saved sum: its first
+    input). Returns the gradient of every input (named in ``returns``) in order, one ``passes`` maps to the
+    incoming gradient it equals empty where it has that gradient's shape."""
     names = [t.name for t in forward.inputs]
     grads = [gradient_name(t.name) for t in forward.outputs]
     order, reference = order or names + grads, forward.reference
@@ -91,6 +92,7 @@ def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None,
 
         given = dict(zip(order, args))
         given |= {n: torch.zeros_like(given[other]) for n, other in (stand_in or {}).items()}
+        given |= {n: given[other] for n, other in (aliases or {}).items()}
 
         def leaf(t):  # float64 and requiring grad; an index tensor (a label) as it is
             return t.detach().double().requires_grad_() if t.is_floating_point() else t

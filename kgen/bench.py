@@ -231,12 +231,12 @@ def run_bench(
                 raise
             console.print(f"{case.label}: refused by kgen ({str(err).splitlines()[0]})")
             continue
-        # each input read once, each output written once; backward: the inputs it reads and the outputs'
-        # gradients read, the inputs' gradients written
-        min_bytes = sum(
-            t.numel() * t.element_size()
-            for t in [*traffic, *(outputs if isinstance(outputs, tuple) else [outputs])]
-        )
+        # each input read once, each output written once; backward: the inputs and saved outputs it reads
+        # and the outputs' gradients read, the inputs' gradients written
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        if backward:
+            traffic += [o for o, s in zip(outputs, spec.outputs) if s.name in read]
+        min_bytes = sum(t.numel() * t.element_size() for t in [*traffic, *outputs])
         del outputs
         same_copy = timer.copy_us(min_bytes)
         # every implementation, called with the inputs (params bound)

@@ -80,24 +80,30 @@ def test_a_rotation_backward_is_the_rotation_by_minus_theta_and_reads_no_input()
     assert torch.allclose((out * gx).sum() + (k_out * gk).sum(), (x * grad_x).sum() + (k * grad_k).sum())
 
 
-def test_a_prologue_is_written_out_in_the_inputs():
-    """fused_add_rmsnorm's backward is rmsnorm's at residual_out = round(x + residual), plus the gradient
-    reaching residual_out, for x and residual alike (one tensor, written once); it reads x and residual again
-    (nothing else saved)."""
+def test_a_saved_sum_stands_for_the_inputs_it_sums():
+    """fused_add_rmsnorm's backward is rmsnorm's at residual_out, plus the gradient reaching residual_out, for
+    x and residual alike (one tensor, written once); it reads residual_out, the forward's output the autograd
+    saves (the next layer holds it anyway), in place of x and residual. A prologue that is no plain sum of
+    inputs nothing else reads (the gated residual's round(x + h · gate)) is written out in its inputs, which
+    the backward reads again."""
     fused, plain = (
         family_of(load_spec(op)).backward(load_spec(op)) for op in ("fused_add_rmsnorm", "rmsnorm")
     )
-    assert [t.name for t in fused.inputs] == ["x", "residual", "grad_out", "grad_residual_out", "weight"]
-    x, residual, grad_residual_out = sp.symbols("x residual grad_residual_out")
+    assert [t.name for t in fused.inputs] == ["residual_out", "grad_out", "grad_residual_out", "weight"]
+    x, residual_out, grad_residual_out = sp.symbols("x residual_out grad_residual_out")
     for convention in ("single_rounding", "transformers"):
         got = fused.structure.convention(convention).outputs
         want = plain.structure.convention(convention).outputs
-        at_h = {x: to_io_dtype(x + residual)}
-        assert sp.simplify(got["grad_x"] - want["grad_x"].xreplace(at_h) - grad_residual_out) == 0
-        assert got["grad_weight"] == want["grad_weight"].xreplace(at_h)
+        at_r = {x: residual_out}
+        assert sp.simplify(got["grad_x"] - want["grad_x"].xreplace(at_r) - grad_residual_out) == 0
+        assert got["grad_weight"] == want["grad_weight"].xreplace(at_r)
         assert "grad_residual" not in got  # the same tensor as x's: written once
     assert fused.shared == {"grad_residual": "grad_x"} and not plain.shared
     assert [t.name for t in fused.outputs] == ["grad_x", "grad_weight"]
+    gated = family_of(load_spec("residual_adaln_rmsnorm")).backward(load_spec("residual_adaln_rmsnorm"))
+    names = {t.name for t in gated.inputs}
+    assert {"x", "h", "gate"} <= names and "residual_out" not in names
+    assert sp.Symbol("h") in gated.structure.convention("single_rounding").outputs["grad_x"].free_symbols
 
 
 def test_rmsnorm_backward_is_the_one_extra_reduction_form():

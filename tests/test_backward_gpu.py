@@ -117,6 +117,13 @@ def expected_grads(op, inputs, params, grads, convention):
     named = dict(zip((t.name for t in spec.inputs), inputs))
     named |= {gradient_name(t.name): g for t, g in zip(spec.outputs, grads)}
     back = backward_spec(op)
+    if saved := [t for t in spec.outputs if t.name in {b.name for b in back.inputs}]:
+        # forward outputs the backward reads (saved by the autograd; fused add: residual_out = round(x +
+        # residual)): the reference's, rounded to the dtype, as the kernel stores them
+        takes = "convention" in inspect.signature(spec.reference).parameters
+        outs = as_tuple(spec.reference(*inputs, *params, **({"convention": convention} if takes else {})))
+        dtype = named[spec.lead.name].dtype
+        named |= {t.name: outs[spec.outputs.index(t)].to(dtype) for t in saved}
     found = back.reference(*(named[t.name] for t in back.inputs), *params, convention=convention)
     by_name = dict(zip((t.name for t in back.outputs), found))  # an input sharing another's: that one
     # an empty one that the autograd hands an incoming gradient for (AdaLN's shift per token): that gradient

@@ -59,20 +59,20 @@ def test_explain_three_dim_shape_and_odd_hidden():
 
 
 def test_explain_the_derived_backward():
-    """The backward's plan: the column reduction's partition and the bytes a backward must move (x, residual
-    and both incoming gradients read, x's gradient written once for residual too: 5 × 8192 × 4096 × 2 B, and
-    the weight and its gradient)."""
+    """The backward's plan: the column reduction's partition and the bytes a backward must move (the saved
+    residual_out and both incoming gradients read, x's gradient written once for residual too: 4 × 8192 ×
+    4096 × 2 B, and the weight and its gradient)."""
     result = run("explain", "fused_add_rmsnorm", "--backward", "--arch", "sm_90", "--shape", "8192x4096")
     assert result.exit_code == 0, result.output
     for words in (
         "fused_add_rmsnorm_backward on sm_90",
         "264 blocks",  # 1024 resident threads per SM × 132 SMs / 512-thread blocks
         "grad_residual_out, which only the outputs read, is loaded there, not held",
-        "335.56 MB",
-        # cp.async on sm_90: the next row's x, residual and both gradients (3 + 1 row inputs × 16 B, two
+        "268.45 MB",
+        # cp.async on sm_90: the next row's residual_out and both gradients (2 + 1 row inputs × 16 B, two
         # buffers, 1024 threads per SM)
         "staged",
-        "128 KB per SM in two buffers",
+        "96 KB per SM in two buffers",
     ):
         assert words in " ".join(result.output.replace("│", " ").split()), words
     # the T4 has no cp.async: the row is loaded into registers as it is reached

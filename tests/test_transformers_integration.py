@@ -434,6 +434,24 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
         )
 
 
+def test_the_fused_add_saves_its_sum_not_its_inputs(served_ops, build_root):
+    """fused_add_rmsnorm's autograd saves residual_out (which the next decoder layer holds anyway) and the
+    weight, not x and residual: a layer's attention and MLP outputs are freed after their add. Its backward
+    gives x and residual the same gradient."""
+    from kgen.builder import build_op, device_arch, load
+
+    arch, _ = served_ops
+    op = load(build_op("fused_add_rmsnorm", arch or device_arch(), build_root)).fused_add_rmsnorm
+    x, residual = (torch.randn(4, 256, device=DEVICE, dtype=torch.bfloat16).requires_grad_() for _ in "xr")
+    weight = torch.rand(256, device=DEVICE, dtype=torch.bfloat16).add(0.5).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out, residual_out = op(x, residual, weight, 1e-6, convention="transformers")
+    assert {t.data_ptr() for t in saved} == {residual_out.data_ptr(), weight.data_ptr()}
+    (out.float().pow(2).sum() + residual_out.float().sum()).backward()
+    assert torch.equal(x.grad, residual.grad) and weight.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_gradient_checkpointing_keeps_every_gradient(reentrant, served_ops, build_root):
     """Under gradient checkpointing (transformers' reentrant form differentiates only the tensors a layer is

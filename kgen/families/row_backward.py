@@ -47,11 +47,42 @@ def zero_sum(part: sp.Expr, means: dict[str, sp.Expr], scalars: set[str]) -> boo
     )
 
 
-def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSpec:
+def saved_sums(spec: OpSpec) -> dict[str, list[str]]:
+    """The prologue values a row reduction's backward reads, saved, in place of the inputs they sum:
+    {value: those inputs}. A value qualifies where every convention outputs it as it is and computes it the
+    same way, from whole-row inputs (not optional, not broadcast) that nothing else reads, each with slope 1
+    (a sum, rounded once: fused add + RMSNorm's residual_out = round(x + residual)); each input's gradient is
+    then the value's."""
+    structure, inputs = spec.structure, {t.name: t for t in spec.inputs}
+    found = {}
+    for name, expr in structure.prologue.items():
+        reads = [v for v in inputs if sp.Symbol(v) in expr.free_symbols]
+        prologues = [structure.prologue | c.prologue for c in structure.conventions]
+        others = [e for c in structure.conventions for o, e in c.outputs.items() if o != name]
+        others += [e for p in prologues for n, e in p.items() if n != name]
+        others += [e for r in structure.reductions for e in (r.summand, r.finalize)]
+        if (
+            reads
+            and len(reads) == len(expr.free_symbols)
+            and all(c.outputs.get(name) == sp.Symbol(name) for c in structure.conventions)
+            and all(p[name] == expr for p in prologues)
+            and all(inputs[v].per_row and not inputs[v].optional and not inputs[v].broadcast for v in reads)
+            and all(derivative(expr, v) == 1 for v in reads)
+            and not {sp.Symbol(v) for v in reads} & {s for e in others for s in e.free_symbols}
+        ):
+            found[name] = reads
+    return found
+
+
+def backward_of_row_reduction(
+    spec: OpSpec, reductions: dict[str, list], saved: dict[str, list[str]] | None = None
+) -> OpSpec:
     """The backward of a row reduction (kgen.families.row_reduce: per convention its reductions, each a stat
     = finalize(Σ summand), and its outputs), as a column reduction; see RowReduceFamily.backward. A broadcast
-    input's gradient is shaped like it (summed over the rows it broadcasts to)."""
-    structure = spec.structure
+    input's gradient is shaped like it (summed over the rows it broadcasts to). ``saved`` (saved_sums): the
+    outputs it reads in place of the inputs they sum, which the expressions read as symbols."""
+    structure, saved = spec.structure, saved or {}
+    stands_for = {v: value for value, summed in saved.items() for v in summed}  # input -> the saved output
     dy = {t.name: sp.Symbol(gradient_name(t.name)) for t in spec.outputs}
 
     def slope(stat: str) -> sp.Symbol:
@@ -122,6 +153,7 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
         sums[c.name] = forward + backward
 
         def gradient(v: str) -> sp.Expr:
+            v = stands_for.get(v, v)  # a summed input's gradient is its saved sum's (slope 1)
             return sp.Add(
                 *(dy[o] * derivative(e, v) for o, e in c.outputs.items()),
                 *(grad_sum(stats[k]) * derivative(reductions[c.name][k].summand, v) for k in needed),
@@ -163,7 +195,22 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
         and dtype[g] == t.dtype
         and all(c.outputs[gradient_name(t.name)] == sp.Symbol(g) for c in conventions)
     }
-    required = [t for t in spec.inputs if not t.optional]
+    outputs = {t.name: t for t in spec.outputs}
+    required = []
+    for t in spec.inputs:  # a saved output where the first input it sums was
+        if t.optional or (t.name in stands_for and saved[stands_for[t.name]][0] != t.name):
+            continue
+        value = stands_for.get(t.name)
+        required.append(
+            t
+            if value is None
+            else Tensor(
+                name=value,
+                dims=outputs[value].dims,
+                dtype=outputs[value].dtype,
+                doc=f"the forward's {value} (saved), in place of {' + '.join(saved[value])}",
+            )
+        )
     optional = [t for t in spec.inputs if t.optional]
     incoming = [
         Tensor(name=gradient_name(t.name), dims=t.dims, dtype=t.dtype, doc=f"the gradient of {t.name}")
@@ -200,6 +247,8 @@ def backward_of_row_reduction(spec: OpSpec, reductions: dict[str, list]) -> OpSp
             spec,
             [t.name for t in required + incoming + optional],
             [t.name for t in written],
+            stand_in={v: value for value, summed in saved.items() for v in summed[1:]},
             passes=passing,
+            aliases={summed[0]: value for value, summed in saved.items()},
         ),
     )

@@ -510,31 +510,35 @@ class RowReduceFamily(RowsFamily):
     # -- backward --------------------------------------------------------------------------------------------
     def backward(self, spec: OpSpec) -> OpSpec | None:
         """A column reduction (kgen.families.column_reduce), derived from the spec: per row it recomputes the
-        statistics from the inputs (on chip, no bytes: nothing but the inputs is saved) with each one's slope
+        statistics from the inputs (on chip, no bytes: nothing but the inputs is saved; see below for a saved
+        output) with each one's slope
         dF/dS, then in reverse order one sum per statistic, the gradient reaching its row sum S:
         dL/dS_k = F_k'(S_k) · Σ_j (Σ_o dy_o ∂y_o/∂stat_k + Σ_{m>k} dL/dS_m ∂summand_m/∂stat_k); then per
         element the gradient of each row input, Σ_o dy_o ∂y_o/∂v + Σ_k dL/dS_k ∂summand_k/∂v, and of each
         column input (weight, bias), Σ_o dy_o ∂y_o/∂w summed over the rows. For RMSNorm that is
         dx = rstd·(w·dy - x̂·mean(x̂·w·dy)) in its one-extra-reduction form. A prologue's values are
-        written out in the inputs, each convention's own (fused add + RMSNorm: residual_out = round(x +
-        residual) everywhere), so the backward reads x and residual again and the gradient of residual_out
-        reaches both. A broadcast input's gradient (AdaLN's scale, shift, gate) is summed over the rows it
-        broadcasts to: per batch for a [B, 1, C] input. None (backprop then raises) for optional row inputs
-        that do not broadcast, a finalize reading an earlier statistic, or where a derivative has no CUDA
-        form."""
+        written out in the inputs, each convention's own, except one that is an output and the plain sum of
+        inputs nothing else reads (fused add + RMSNorm: residual_out = round(x + residual)): the backward
+        reads that output, saved by the autograd, instead of them (one tensor, which the next layer holds
+        anyway, for two), and its gradient is each of theirs. A broadcast input's gradient (AdaLN's scale,
+        shift, gate) is summed over the rows it broadcasts to: per batch for a [B, 1, C] input. None
+        (backprop then raises) for optional row inputs that do not broadcast, a finalize reading an earlier
+        statistic, or where a derivative has no CUDA form."""
         structure = spec.structure
         stats = {r.stat for r in structure.reductions}
         if any(t.optional and t.per_row and not t.broadcast for t in spec.inputs) or any(
             {str(s) for s in r.finalize.free_symbols} & stats for r in structure.reductions
         ):
             return None
-        from .row_backward import backward_of_row_reduction
+        from .row_backward import backward_of_row_reduction, saved_sums
 
+        saved = saved_sums(spec)
         reductions, conventions = {}, []
         for c in structure.conventions:
             inline = {}  # each prologue value as an expression of the inputs (a later one may use an earlier)
             for name, expr in (structure.prologue | c.prologue).items():
-                inline[sp.Symbol(name)] = expr.xreplace(inline)
+                if name not in saved:
+                    inline[sp.Symbol(name)] = expr.xreplace(inline)
             reductions[c.name] = [
                 r.model_copy(update={"summand": r.summand.xreplace(inline)}) for r in structure.reductions
             ]
@@ -544,7 +548,9 @@ class RowReduceFamily(RowsFamily):
             update={"prologue": {}, "reductions": reductions[conventions[0].name], "conventions": conventions}
         )
         try:
-            return backward_of_row_reduction(spec.model_copy(update={"structure": written_out}), reductions)
+            return backward_of_row_reduction(
+                spec.model_copy(update={"structure": written_out}), reductions, saved
+            )
         except ValueError:  # pydantic's ValidationError too: the derived spec is invalid
             return None
 

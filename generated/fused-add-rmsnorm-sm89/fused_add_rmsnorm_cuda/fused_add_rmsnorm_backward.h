@@ -17,10 +17,8 @@ enum class Convention { k_single_rounding, k_transformers };
 // One launch of fused_add_rmsnorm_backward: tensors are viewed as [rows, hidden] ([rows, 2 * hidden] when packed) with a
 // row stride in elements.
 struct FusedAddRmsnormBackwardArgs {
-  const void* x;
-  int64_t x_row_stride;
-  const void* residual;
-  int64_t residual_row_stride;
+  const void* residual_out;
+  int64_t residual_out_row_stride;
   const void* grad_out;
   int64_t grad_out_row_stride;
   const void* grad_residual_out;

@@ -249,14 +249,14 @@ torch::Tensor fused_add_rmsnorm_transformers_(const torch::Tensor& x, torch::Ten
   return std::get<0>(result);
 }
 
-// Autograd: the forward below the autograd layer, then fused_add_rmsnorm_backward on the saved inputs. Both are called
+// Autograd: the forward below the autograd layer, then fused_add_rmsnorm_backward on the saved inputs and outputs. Both are called
 // through the dispatcher, so FakeTensor tracing (torch.compile, opcheck) sees the ops and their fake kernels.
 // The convention travels as its index; undefined output gradients arrive as zeros (materialized).
 const char* const kVariants[] = {"fused_add_rmsnorm", "fused_add_rmsnorm_transformers"};
 const char* const kBackwardVariants[] = {"fused_add_rmsnorm_backward", "fused_add_rmsnorm_backward_transformers"};
 
 using ForwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
-using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
+using BackwardSignature = std::tuple<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&, double);
 
 template <typename Signature, size_t N>
 std::vector<c10::TypedOperatorHandle<Signature>> find_ops(const char* const (&names)[N]) {
@@ -284,8 +284,8 @@ struct Autograd : public torch::autograd::Function<Autograd> {
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto outs = forward_op(convention).call(x, residual, weight, eps);
-    // what fused_add_rmsnorm_backward reads: inputs (an absent one: undefined)
-    ctx->save_for_backward({x, residual, weight.value_or(torch::Tensor())});
+    // what fused_add_rmsnorm_backward reads: inputs (an absent one: undefined), then outputs of this call
+    ctx->save_for_backward({weight.value_or(torch::Tensor()), std::get<1>(outs)});
     return {std::get<0>(outs), std::get<1>(outs)};
   }
 
@@ -293,9 +293,9 @@ struct Autograd : public torch::autograd::Function<Autograd> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const int64_t convention = ctx->saved_data["convention"].toInt();
-    const auto result = backward_op(convention).call(saved[0], saved[1], grads[0], grads[1], saved[2].defined() ? std::optional<torch::Tensor>(saved[2]) : std::nullopt, ctx->saved_data["eps"].toDouble());
+    const auto result = backward_op(convention).call(saved[1], grads[0], grads[1], saved[0].defined() ? std::optional<torch::Tensor>(saved[0]) : std::nullopt, ctx->saved_data["eps"].toDouble());
     // One gradient per input (none for an absent one), then none for the params and the convention.
-    return {std::get<0>(result), std::get<0>(result), saved[2].defined() ? std::get<1>(result) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {std::get<0>(result), std::get<0>(result), saved[0].defined() ? std::get<1>(result) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -357,21 +357,21 @@ namespace {
 
 constexpr const char* kSupportedDTypes = "float32, float16, bfloat16";
 
-// The dtype of the lead tensor (x), which every other I/O tensor shares.
+// The dtype of the lead tensor (residual_out), which every other I/O tensor shares.
 kgen_fused_add_rmsnorm_backward::DType io_dtype(const torch::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
     case at::kFloat: return kgen_fused_add_rmsnorm_backward::DType::k_float32;
     case at::kHalf: return kgen_fused_add_rmsnorm_backward::DType::k_float16;
     case at::kBFloat16: return kgen_fused_add_rmsnorm_backward::DType::k_bfloat16;
     default:
-      TORCH_CHECK_TYPE(false, op, ": x has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_89) does not ",
+      TORCH_CHECK_TYPE(false, op, ": residual_out has dtype ", c10::toString(t.scalar_type()), ", which this build (sm_89) does not ",
                        "support; expected one of: ", kSupportedDTypes);
   }
 }
 
 void check_device(const torch::Tensor& t, const char* op, const char* name, const torch::Tensor& lead) {
   TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a tensor on ", t.device().str());
-  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but x is on ",
+  TORCH_CHECK_VALUE(t.device() == lead.device(), op, ": ", name, " is on ", t.device().str(), " but residual_out is on ",
                     lead.device().str());
 }
 
@@ -392,7 +392,7 @@ const Plans& plans_for(const torch::Tensor& lead, kgen_fused_add_rmsnorm_backwar
   const int capability = device_capability(lead.get_device());
   for (const Plans& plans : kPlans) {
     if (capability < plans.capability) continue;
-    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": x has dtype ",
+    TORCH_CHECK_TYPE((plans.dtypes >> static_cast<unsigned>(dtype)) & 1u, op, ": residual_out has dtype ",
                      c10::toString(lead.scalar_type()), ", which this build's plans for ", lead.device().str(), " (",
                      plans.arch, ") do not support");
     return plans;
@@ -401,28 +401,18 @@ const Plans& plans_for(const torch::Tensor& lead, kgen_fused_add_rmsnorm_backwar
               lead.device().str(), " is sm_", std::to_string(capability));
 }
 
-std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps, kgen_fused_add_rmsnorm_backward::Convention convention, const char* op) {
-  check_device(x, op, "x", x);
-  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least one dim, got a 0-dim tensor");
-  const kgen_fused_add_rmsnorm_backward::DType dtype = io_dtype(x, op);
-  const int64_t hidden = x.size(-1);
-  std::vector<int64_t> out_shape = x.sizes().vec();
+std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const torch::Tensor& residual_out, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps, kgen_fused_add_rmsnorm_backward::Convention convention, const char* op) {
+  check_device(residual_out, op, "residual_out", residual_out);
+  TORCH_CHECK_VALUE(residual_out.dim() >= 1, op, ": residual_out must have at least one dim, got a 0-dim tensor");
+  const kgen_fused_add_rmsnorm_backward::DType dtype = io_dtype(residual_out, op);
+  const int64_t hidden = residual_out.size(-1);
+  std::vector<int64_t> out_shape = residual_out.sizes().vec();
   out_shape.back() = hidden;
   {
-    const torch::Tensor& residual_t = residual;
-    check_device(residual_t, op, "residual", x);
-    TORCH_CHECK_TYPE(residual_t.scalar_type() == x.scalar_type(), op, ": residual has dtype ",
-                     c10::toString(residual_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
-    std::vector<int64_t> expected = out_shape;
-    expected.back() = hidden;
-    TORCH_CHECK_VALUE(residual_t.sizes() == c10::IntArrayRef(expected), op, ": residual has shape ",
-                      shape_str(residual_t.sizes()), " but must have shape ", shape_str(expected));
-  }
-  {
     const torch::Tensor& grad_out_t = grad_out;
-    check_device(grad_out_t, op, "grad_out", x);
-    TORCH_CHECK_TYPE(grad_out_t.scalar_type() == x.scalar_type(), op, ": grad_out has dtype ",
-                     c10::toString(grad_out_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    check_device(grad_out_t, op, "grad_out", residual_out);
+    TORCH_CHECK_TYPE(grad_out_t.scalar_type() == residual_out.scalar_type(), op, ": grad_out has dtype ",
+                     c10::toString(grad_out_t.scalar_type()), " but residual_out has ", c10::toString(residual_out.scalar_type()));
     std::vector<int64_t> expected = out_shape;
     expected.back() = hidden;
     TORCH_CHECK_VALUE(grad_out_t.sizes() == c10::IntArrayRef(expected), op, ": grad_out has shape ",
@@ -430,9 +420,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const to
   }
   {
     const torch::Tensor& grad_residual_out_t = grad_residual_out;
-    check_device(grad_residual_out_t, op, "grad_residual_out", x);
-    TORCH_CHECK_TYPE(grad_residual_out_t.scalar_type() == x.scalar_type(), op, ": grad_residual_out has dtype ",
-                     c10::toString(grad_residual_out_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
+    check_device(grad_residual_out_t, op, "grad_residual_out", residual_out);
+    TORCH_CHECK_TYPE(grad_residual_out_t.scalar_type() == residual_out.scalar_type(), op, ": grad_residual_out has dtype ",
+                     c10::toString(grad_residual_out_t.scalar_type()), " but residual_out has ", c10::toString(residual_out.scalar_type()));
     std::vector<int64_t> expected = out_shape;
     expected.back() = hidden;
     TORCH_CHECK_VALUE(grad_residual_out_t.sizes() == c10::IntArrayRef(expected), op, ": grad_residual_out has shape ",
@@ -440,41 +430,38 @@ std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const to
   }
   if (weight.has_value()) {
     const torch::Tensor& weight_t = *weight;
-    check_device(weight_t, op, "weight", x);
-    TORCH_CHECK_TYPE(weight_t.scalar_type() == x.scalar_type(), op, ": weight has dtype ",
-                     c10::toString(weight_t.scalar_type()), " but x has ", c10::toString(x.scalar_type()),
+    check_device(weight_t, op, "weight", residual_out);
+    TORCH_CHECK_TYPE(weight_t.scalar_type() == residual_out.scalar_type(), op, ": weight has dtype ",
+                     c10::toString(weight_t.scalar_type()), " but residual_out has ", c10::toString(residual_out.scalar_type()),
                      "; they must match");
     TORCH_CHECK_VALUE(weight_t.dim() == 1 && weight_t.size(0) == hidden, op,
-                      ": weight must have shape [", std::to_string(hidden), "] (the last dim of x), got ",
+                      ": weight must have shape [", std::to_string(hidden), "] (the last dim of residual_out), got ",
                       shape_str(weight_t.sizes()));
   }
 
   const float eps_f = static_cast<float>(eps);  // the value the kernel gets
   TORCH_CHECK_VALUE(std::isfinite(eps_f) && eps_f > 0, op, ": eps must be a finite number > 0 in float32, got ",
                     number_str(eps));
-  const c10::cuda::CUDAGuard guard(x.device());
-  const Plans& device_plans = plans_for(x, dtype, op);
-  torch::Tensor grad_x = torch::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const c10::cuda::CUDAGuard guard(residual_out.device());
+  const Plans& device_plans = plans_for(residual_out, dtype, op);
+  torch::Tensor grad_x = torch::empty(out_shape, residual_out.options().memory_format(at::MemoryFormat::Contiguous));
   // summed over the rows, when weight is given (else empty)
-  torch::Tensor grad_weight = torch::empty({weight.has_value() ? hidden : 0}, x.options());
-  if (x.numel() == 0) {  // no rows: the sums over them are zero
+  torch::Tensor grad_weight = torch::empty({weight.has_value() ? hidden : 0}, residual_out.options());
+  if (residual_out.numel() == 0) {  // no rows: the sums over them are zero
     grad_weight.zero_();
     return std::make_tuple(grad_x, grad_weight);
   }
 
   // Each row input's rows, in place where its layout allows (rows_of, broadcast_rows_of), else copied once.
-  const RowsOf x_rows = rows_of(x, hidden);
-  const RowsOf residual_rows = rows_of(residual, hidden);
+  const RowsOf residual_out_rows = rows_of(residual_out, hidden);
   const RowsOf grad_out_rows = rows_of(grad_out, hidden);
   const RowsOf grad_residual_out_rows = rows_of(grad_residual_out, hidden);
   const std::optional<torch::Tensor> weight_col =
       weight.has_value() ? std::optional<torch::Tensor>(weight->contiguous()) : std::nullopt;
 
   kgen_fused_add_rmsnorm_backward::FusedAddRmsnormBackwardArgs args{};
-  args.x = x_rows.data;
-  args.x_row_stride = x_rows.row_stride;
-  args.residual = residual_rows.data;
-  args.residual_row_stride = residual_rows.row_stride;
+  args.residual_out = residual_out_rows.data;
+  args.residual_out_row_stride = residual_out_rows.row_stride;
   args.grad_out = grad_out_rows.data;
   args.grad_out_row_stride = grad_out_rows.row_stride;
   args.grad_residual_out = grad_residual_out_rows.data;
@@ -487,14 +474,14 @@ std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const to
   struct Workspace {
     at::TensorOptions options;
     std::vector<torch::Tensor> tensors;
-  } workspace{x.options().dtype(at::kFloat), {}};
+  } workspace{residual_out.options().dtype(at::kFloat), {}};
   args.workspace = [](void* owner, int64_t floats) -> float* {
     auto* w = static_cast<Workspace*>(owner);
     w->tensors.push_back(torch::empty({floats}, w->options));
     return w->tensors.back().data_ptr<float>();
   };
   args.workspace_owner = &workspace;
-  args.rows = x.numel() / hidden;
+  args.rows = residual_out.numel() / hidden;
   args.hidden = hidden;
   args.eps = eps_f;
   args.dtype = dtype;
@@ -507,24 +494,24 @@ std::tuple<torch::Tensor, torch::Tensor> run_fused_add_rmsnorm_backward(const to
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
-  return run_fused_add_rmsnorm_backward(x, residual, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_single_rounding, "fused_add_rmsnorm_backward");
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& residual_out, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
+  return run_fused_add_rmsnorm_backward(residual_out, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_single_rounding, "fused_add_rmsnorm_backward");
 }
 
-std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
-  return run_fused_add_rmsnorm_backward(x, residual, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_transformers, "fused_add_rmsnorm_backward_transformers");
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& residual_out, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps) {
+  return run_fused_add_rmsnorm_backward(residual_out, grad_out, grad_residual_out, weight, eps, kgen_fused_add_rmsnorm_backward::Convention::k_transformers, "fused_add_rmsnorm_backward_transformers");
 }
 
 void register_ops(torch::Library& ops) {
-  ops.def("fused_add_rmsnorm_backward(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor)");
+  ops.def("fused_add_rmsnorm_backward(Tensor residual_out, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("fused_add_rmsnorm_backward", torch::kCUDA, &fused_add_rmsnorm_backward);
-  // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
+  // CPU inputs reach the same checks, so they fail with "residual_out must be a CUDA tensor".
   ops.impl("fused_add_rmsnorm_backward", torch::kCPU, &fused_add_rmsnorm_backward);
   // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
   ops.impl("fused_add_rmsnorm_backward", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());
-  ops.def("fused_add_rmsnorm_backward_transformers(Tensor x, Tensor residual, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor)");
+  ops.def("fused_add_rmsnorm_backward_transformers(Tensor residual_out, Tensor grad_out, Tensor grad_residual_out, Tensor? weight, float eps) -> (Tensor, Tensor)");
   ops.impl("fused_add_rmsnorm_backward_transformers", torch::kCUDA, &fused_add_rmsnorm_backward_transformers);
-  // CPU inputs reach the same checks, so they fail with "x must be a CUDA tensor".
+  // CPU inputs reach the same checks, so they fail with "residual_out must be a CUDA tensor".
   ops.impl("fused_add_rmsnorm_backward_transformers", torch::kCPU, &fused_add_rmsnorm_backward_transformers);
   // No derivative: backpropagating through it raises (PyTorch's default only warns and gives no gradient).
   ops.impl("fused_add_rmsnorm_backward_transformers", torch::kAutograd, torch::autograd::autogradNotImplementedFallback());

@@ -5,18 +5,18 @@
 // dtypes: float32, float16
 // planner facts: rules: sm_90's ladders and thresholds, not measured on this arch
 // plan (one configuration per hidden-size bucket; the launcher picks at run time):
-//   vector path: 16-byte accesses (4 × float32) when x, residual, grad_out, grad_residual_out, weight, grad_x, grad_weight are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
+//   vector path: 16-byte accesses (4 × float32) when residual_out, grad_out, grad_residual_out, weight, grad_x, grad_weight are 16-byte aligned and hidden and strides are multiples of 4: the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   partition: at most 1024 threads per SM × 40 SMs of blocks (profile planner.column_reduce.resident_threads_per_sm), each summing a fixed set of rows into one fp32 partial row per block (its row slots' added in order in shared memory); a second kernel adds them in a fixed order: deterministic, no atomics
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   float32:
-//     rows <= 512 B: 4 elem/access, 32 threads/row, 8 rows/block, 1 accesses/thread, row in registers
-//     rows <= 1024 B: 4 elem/access, 64 threads/row, 4 rows/block, 1 accesses/thread, row in registers
-//     rows <= 2048 B: 4 elem/access, 128 threads/row, 2 rows/block, 1 accesses/thread, row in registers
-//     rows <= 4096 B: 4 elem/access, 256 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 8192 B: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in registers
-//     rows <= 16384 B: 4 elem/access, 1024 threads/row, 1 rows/block, 1 accesses/thread, row in registers
+//     rows <= 1024 B: 4 elem/access, 32 threads/row, 8 rows/block, 2 accesses/thread, row in registers
+//     rows <= 2048 B: 4 elem/access, 64 threads/row, 4 rows/block, 2 accesses/thread, row in registers
+//     rows <= 4096 B: 4 elem/access, 128 threads/row, 2 rows/block, 2 accesses/thread, row in registers
+//     rows <= 8192 B: 4 elem/access, 256 threads/row, 1 rows/block, 2 accesses/thread, row in registers
+//     rows <= 16384 B: 4 elem/access, 512 threads/row, 1 rows/block, 2 accesses/thread, row in registers
+//     rows <= 32768 B: 4 elem/access, 1024 threads/row, 1 rows/block, 2 accesses/thread, row in registers
 //     rows any size: 4 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //     rows <= 512 B: 1 elem/access, 32 threads/row, 8 rows/block, 4 accesses/thread, row in registers
 //     rows <= 1024 B: 1 elem/access, 64 threads/row, 4 rows/block, 4 accesses/thread, row in registers
@@ -41,72 +41,72 @@
 //     rows <= 8192 B: 1 elem/access, 1024 threads/row, 1 rows/block, 4 accesses/thread, row in registers
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, 1 accesses/thread, row in split
 //   why:
-//     threads_per_row (512 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (512 B, 4/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 4/access): registers: 1 × (3 row inputs × 16 B + 1 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
-//     threads_per_row (1024 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (1024 B, 4/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 4/access): registers: 1 × (3 row inputs × 16 B + 1 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
-//     threads_per_row (2048 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (2048 B, 4/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 4/access): registers: 1 × (3 row inputs × 16 B + 1 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
-//     threads_per_row (4096 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
-//     rows_per_block (4096 B, 4/access): 1: a row needs the whole block
-//     storage (4096 B, 4/access): registers: 1 × (3 row inputs × 16 B + 1 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
-//     threads_per_row (8192 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     threads_per_row (1024 B, 4/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (1024 B, 4/access): 8: 256 threads per block / 32 per row
+//     storage (1024 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (2048 B, 4/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (2048 B, 4/access): 4: 256 threads per block / 64 per row
+//     storage (2048 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (4096 B, 4/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (4096 B, 4/access): 2: 256 threads per block / 128 per row
+//     storage (4096 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (8192 B, 4/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 4/access): 1: a row needs the whole block
-//     storage (8192 B, 4/access): registers: 1 × (3 row inputs × 16 B + 1 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
-//     threads_per_row (16384 B, 4/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     storage (8192 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (16384 B, 4/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 4/access): 1: a row needs the whole block
-//     storage (16384 B, 4/access): registers: 1 × (3 row inputs × 16 B + 1 × 4 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (16384 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); grad_residual_out, which only the outputs read, is loaded there, not held
+//     threads_per_row (32768 B, 4/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
+//     rows_per_block (32768 B, 4/access): 1: a row needs the whole block
+//     storage (32768 B, 4/access): registers: 2 × (2 row inputs × 16 B + 1 × 4 fp32 sums) per thread within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); the column inputs do not fit beside them and are re-read per row (L1 hits); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 4/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 4/access): 1: a row needs the whole block
 //     storage (any B, 4/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 1/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 1/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 1/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 1/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 1/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 1/access): 1: a row needs the whole block
-//     storage (4096 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (8192 B, 1/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 1/access): 1: a row needs the whole block
-//     storage (8192 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (16384 B, 1/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 1/access): 1: a row needs the whole block
-//     storage (16384 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (16384 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 1/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 1/access): 1: a row needs the whole block
 //     storage (any B, 1/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (512 B, 8/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 8/access): 8: 256 threads per block / 32 per row
-//     storage (512 B, 8/access): registers: 1 × (3 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (512 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (1024 B, 8/access): 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (1024 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (1024 B, 8/access): registers: 1 × (3 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (1024 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (2048 B, 8/access): 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (2048 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (2048 B, 8/access): registers: 1 × (3 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (2048 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (4096 B, 8/access): 256: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (4096 B, 8/access): 1: a row needs the whole block
-//     storage (4096 B, 8/access): registers: 1 × (3 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (4096 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (8192 B, 8/access): 512: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
-//     storage (8192 B, 8/access): registers: 1 × (3 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (8192 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (16384 B, 8/access): 1024: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (16384 B, 8/access): 1: a row needs the whole block
-//     storage (16384 B, 8/access): registers: 1 × (3 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (16384 B, 8/access): registers: 1 × (2 row inputs × 16 B + 1 × 8 fp32 sums) per thread and the column inputs (1 × 16 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (any B, 8/access): 512: at most 512, so a thread may hold more than 64 registers (the 1024-thread fp32 kernel spilled at 64, nvcc 13.0, sm_90)
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): split: the row exceeds the register budget: one kernel computes each row's sums (each pass re-reads the row, mostly from L2) and writes its scalars, a second the outputs over row groups × column chunks, a group's column sums in registers
 //     threads_per_row (256 B, 1/access): 32: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (256 B, 1/access): 8: 256 threads per block / 32 per row
-//     storage (256 B, 1/access): registers: 4 × (3 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
+//     storage (256 B, 1/access): registers: 4 × (2 row inputs × 4 B + 1 × 1 fp32 sums) per thread and the column inputs (1 × 4 B), loaded once per block, within the 96 B budget (profile planner.column_reduce.register_bytes_per_thread); grad_residual_out, which only the outputs read, is loaded there, not held
 //     threads_per_row (512 B, 1/access) float16: 64: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
 //     rows_per_block (512 B, 1/access) float16: 4: 256 threads per block / 64 per row
 //     threads_per_row (1024 B, 1/access) float16: 128: the narrowest step of the profile's ladder (planner.column_reduce.threads_per_row) that holds the row
@@ -251,9 +251,9 @@ constexpr int64_t kSmCount = 40;  // profile sm_count
 constexpr int64_t kResidentThreads = kSmCount * kResidentPerSm;  // the partition
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // shared memory (static + dynamic) a block gets without opting in
 constexpr int kSplitThreads = 256;  // kSplit's outputs kernel: threads per block, one access of a row each ...
-constexpr int kSplitRows = 1;       // ... and the rows each thread loads before it computes them
+constexpr int kSplitRows = 2;       // ... and the rows each thread loads before it computes them
 constexpr int64_t kMaxGridY = 65535;  // gridDim.y limit: the column sums loop over more batches
-constexpr int kStagedInputs = 4;  // kStaged: every row input (the held ones, then those only the outputs read)
+constexpr int kStagedInputs = 3;  // kStaged: every row input (the held ones, then those only the outputs read)
 // kStaged: the bytes of one staged access, the widest of the row inputs' (T)
 template <typename T, int ELEMS>
 constexpr size_t kSlotBytes = sizeof(Pack<T, ELEMS>);
@@ -277,11 +277,11 @@ struct Stats {
 
 // Convention single_rounding: the gradient of single_rounding (its roundings to the dtype differentiate as the identity)
 struct Convention_single_rounding {
-  // sum 0: to_io_dtype(residual + x)**2
+  // sum 0: residual_out**2
   template <typename T>
-  __device__ __forceinline__ static float summand_0(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
+  __device__ __forceinline__ static float summand_0(float residual_out, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
     float partial;
-    partial = (round_to_io<T>(residual + x)*round_to_io<T>(residual + x));
+    partial = (residual_out*residual_out);
     return partial;
   }
   // then rstd = 1/sqrt(eps + inv_hidden*row_sum), rstd_slope = -inv_hidden/(2*(eps + inv_hidden*row_sum)**(3/2))
@@ -290,11 +290,11 @@ struct Convention_single_rounding {
     stats.rstd = rsqrtf(t0);
     stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/(t0*sqrtf(t0));
   }
-  // sum 1: grad_out*weight*to_io_dtype(residual + x)
+  // sum 1: grad_out*residual_out*weight
   template <typename T>
-  __device__ __forceinline__ static float summand_1(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
+  __device__ __forceinline__ static float summand_1(float residual_out, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
     float partial;
-    partial = grad_out*weight*round_to_io<T>(residual + x);
+    partial = grad_out*residual_out*weight;
     return partial;
   }
   // then grad_sum_rstd = row_sum*rstd_slope
@@ -302,22 +302,21 @@ struct Convention_single_rounding {
     stats.grad_sum_rstd = row_sum*stats.rstd_slope;
   }
   template <typename T>
-  __device__ __forceinline__ static void apply(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params,
+  __device__ __forceinline__ static void apply(float residual_out, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params,
                                               float& grad_x_result, float& grad_weight_result) {
     const float t0 = grad_out*stats.rstd;
-    const float t1 = round_to_io<T>(residual + x);
-    grad_x_result = grad_residual_out + 2*stats.grad_sum_rstd*t1 + t0*weight;
-    grad_weight_result = t0*t1;
+    grad_x_result = grad_residual_out + 2*stats.grad_sum_rstd*residual_out + t0*weight;
+    grad_weight_result = residual_out*t0;
   }
 };
 
 // Convention transformers: the gradient of transformers (its roundings to the dtype differentiate as the identity)
 struct Convention_transformers {
-  // sum 0: to_io_dtype(residual + x)**2
+  // sum 0: residual_out**2
   template <typename T>
-  __device__ __forceinline__ static float summand_0(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
+  __device__ __forceinline__ static float summand_0(float residual_out, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
     float partial;
-    partial = (round_to_io<T>(residual + x)*round_to_io<T>(residual + x));
+    partial = (residual_out*residual_out);
     return partial;
   }
   // then rstd = 1/sqrt(eps + inv_hidden*row_sum), rstd_slope = -inv_hidden/(2*(eps + inv_hidden*row_sum)**(3/2))
@@ -326,11 +325,11 @@ struct Convention_transformers {
     stats.rstd = rsqrtf(t0);
     stats.rstd_slope = -1.0F/2.0F*params.inv_hidden/(t0*sqrtf(t0));
   }
-  // sum 1: grad_out*weight*to_io_dtype(residual + x)
+  // sum 1: grad_out*residual_out*weight
   template <typename T>
-  __device__ __forceinline__ static float summand_1(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
+  __device__ __forceinline__ static float summand_1(float residual_out, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params) {
     float partial;
-    partial = grad_out*weight*round_to_io<T>(residual + x);
+    partial = grad_out*residual_out*weight;
     return partial;
   }
   // then grad_sum_rstd = row_sum*rstd_slope
@@ -338,11 +337,10 @@ struct Convention_transformers {
     stats.grad_sum_rstd = row_sum*stats.rstd_slope;
   }
   template <typename T>
-  __device__ __forceinline__ static void apply(float x, float residual, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params,
+  __device__ __forceinline__ static void apply(float residual_out, float grad_out, float grad_residual_out, float weight, const Stats& stats, const Params& params,
                                               float& grad_x_result, float& grad_weight_result) {
-    const float t0 = round_to_io<T>(residual + x);
-    grad_x_result = grad_out*stats.rstd*weight + grad_residual_out + 2*stats.grad_sum_rstd*t0;
-    grad_weight_result = grad_out*round_to_io<T>(stats.rstd*t0);
+    grad_x_result = grad_out*stats.rstd*weight + grad_residual_out + 2*stats.grad_sum_rstd*residual_out;
+    grad_weight_result = grad_out*round_to_io<T>(residual_out*stats.rstd);
   }
 };
 
@@ -450,8 +448,7 @@ __device__ __forceinline__ void copy_async(unsigned char* dst, const P* src) {
 template <typename T, int ELEMS>
 struct RowValues {
   using Access = Pack<T, ELEMS>;
-  Access x_v;
-  Access residual_v;
+  Access residual_out_v;
   Access grad_out_v;
   Access grad_residual_out_v;
   Access weight_v;
@@ -472,7 +469,7 @@ template <typename T, typename Conv, int ELEMS, int THREADS_PER_ROW, int ROWS_PE
 // fallback for rows beyond the budget may take more).
 __global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
                                   STORAGE == RowStorage::kSplit ? 1 : std::max(1, kResidentPerSm / (THREADS_PER_ROW * ROWS_PER_BLOCK)))
-fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual, int64_t residual_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params,
+fused_add_rmsnorm_backward_kernel(const T* __restrict__ residual_out, int64_t residual_out_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params,
                                   Stats* __restrict__ row_stats) {  // kSplit: each row's scalars, for the outputs kernel
   using Access = Pack<T, ELEMS>;
   using Values = RowValues<T, ELEMS>;
@@ -497,11 +494,8 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
   }
 
   const int64_t batch_blocks = gridDim.x, batch_rows = rows, base = 0, part = blockIdx.x;  // one batch: every row
-  auto x_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(x + row * x_row_stride);
-  };
-  auto residual_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(residual + row * residual_row_stride);
+  auto residual_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(residual_out + row * residual_out_row_stride);
   };
   auto grad_out_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
@@ -520,10 +514,9 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
     if (first + slot < batch_rows) {
       const int64_t row = base + first + slot;
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, accesses, [&](int k, int64_t i) {
-        copy_async(stage(buffer, 0, k), x_row_at(row) + i);
-        copy_async(stage(buffer, 1, k), residual_row_at(row) + i);
-        copy_async(stage(buffer, 2, k), grad_out_row_at(row) + i);
-        copy_async(stage(buffer, 3, k), grad_residual_out_row_at(row) + i);
+        copy_async(stage(buffer, 0, k), residual_out_row_at(row) + i);
+        copy_async(stage(buffer, 1, k), grad_out_row_at(row) + i);
+        copy_async(stage(buffer, 2, k), grad_residual_out_row_at(row) + i);
       });
     }
     __pipeline_commit();
@@ -534,10 +527,8 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
   for (int64_t first = part * ROWS_PER_BLOCK; first < batch_rows; first += stride, buffer ^= 1) {
     const int64_t row = base + first + slot;
     const int64_t count = first + slot < batch_rows ? accesses : 0;  // a slot past the last row touches no memory
-    const Access* x_row = x_row_at(row);
-    Access x_regs[kCached] = {};
-    const Access* residual_row = residual_row_at(row);
-    Access residual_regs[kCached] = {};
+    const Access* residual_out_row = residual_out_row_at(row);
+    Access residual_out_regs[kCached] = {};
     const Access* grad_out_row = grad_out_row_at(row);
     Access grad_out_regs[kCached] = {};
     const Access* grad_residual_out_row = grad_residual_out_row_at(row);
@@ -546,17 +537,15 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
     auto fetch = [&](int k, int64_t i) -> Values {
       Values v{};
       if constexpr (STORAGE != RowStorage::kSplit) {
-        v.x_v = x_regs[k];
-        v.residual_v = residual_regs[k];
+        v.residual_out_v = residual_out_regs[k];
         v.grad_out_v = grad_out_regs[k];
       } else {
-        v.x_v = x_row[i];
-        v.residual_v = residual_row[i];
+        v.residual_out_v = residual_out_row[i];
         v.grad_out_v = grad_out_row[i];
       }
       // only the outputs read it: not held (the sums leave it unused)
       if constexpr (STORAGE == RowStorage::kStaged) {
-        v.grad_residual_out_v = *reinterpret_cast<const Access*>(stage(buffer, 3, k));
+        v.grad_residual_out_v = *reinterpret_cast<const Access*>(stage(buffer, 2, k));
       } else {
         v.grad_residual_out_v = grad_residual_out_row[i];
       }
@@ -570,17 +559,15 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
     // Pass 1: every load of the row before any arithmetic uses it.
     if constexpr (STORAGE == RowStorage::kRegisters) {
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-        x_regs[k] = x_row[i];
-        residual_regs[k] = residual_row[i];
+        residual_out_regs[k] = residual_out_row[i];
         grad_out_regs[k] = grad_out_row[i];
       });
     } else if constexpr (STORAGE == RowStorage::kStaged) {  // the next row's copies, then this row's from its buffer
       stage_row(first + stride, buffer ^ 1);  // the other buffer: read into registers by the previous row, and used
       __pipeline_wait_prior(1);               // every copy but the group just issued has landed
       for_each_access<THREADS_PER_ROW, MAX_ACCESSES, STORAGE>(lane, count, [&](int k, int64_t i) {
-        x_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 0, k));
-        residual_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 1, k));
-        grad_out_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 2, k));
+        residual_out_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 0, k));
+        grad_out_regs[k] = *reinterpret_cast<const Access*>(stage(buffer, 1, k));
       });
     }
 
@@ -591,13 +578,12 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
         const Values v = fetch(k, i);
 #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          const Access& x_v = v.x_v;
-          const Access& residual_v = v.residual_v;
+          const Access& residual_out_v = v.residual_out_v;
           const Access& grad_out_v = v.grad_out_v;
           const Access& grad_residual_out_v = v.grad_residual_out_v;
           const Access& weight_v = v.weight_v;
-          partial[0] += Conv::template summand_0<T>(to_float(x_v.v[j]), to_float(residual_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
-          partial[1] += Conv::template summand_1<T>(to_float(x_v.v[j]), to_float(residual_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
+          partial[0] += Conv::template summand_0<T>(to_float(residual_out_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
+          partial[1] += Conv::template summand_1<T>(to_float(residual_out_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params);
         }
       });
       row_reduce_sums<THREADS_PER_ROW>(partial, &scratch[0]);
@@ -614,12 +600,11 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
         float grad_weight_f[ELEMS];
   #pragma unroll
         for (int j = 0; j < ELEMS; ++j) {
-          const Access& x_v = v.x_v;
-          const Access& residual_v = v.residual_v;
+          const Access& residual_out_v = v.residual_out_v;
           const Access& grad_out_v = v.grad_out_v;
           const Access& grad_residual_out_v = v.grad_residual_out_v;
           const Access& weight_v = v.weight_v;
-          Conv::template apply<T>(to_float(x_v.v[j]), to_float(residual_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_weight_f[j]);
+          Conv::template apply<T>(to_float(residual_out_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_weight_f[j]);
         }
         grad_x_row[i] = pack<T>(grad_x_f);
   #pragma unroll
@@ -648,7 +633,7 @@ fused_add_rmsnorm_backward_kernel(const T* __restrict__ x, int64_t x_row_stride,
 // in registers and writes one partial row per group, which the column sums add as they do the slots'.
 template <typename T, typename Conv, int ELEMS>
 __global__ void __launch_bounds__(kSplitThreads)
-fused_add_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual, int64_t residual_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params,
+fused_add_rmsnorm_backward_outputs_kernel(const T* __restrict__ residual_out, int64_t residual_out_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, const T* __restrict__ grad_residual_out, int64_t grad_residual_out_row_stride, const T* __restrict__ weight, T* __restrict__ grad_x, int64_t grad_x_row_stride, float* __restrict__ grad_weight_partials, int64_t rows, int64_t hidden, Params params,
                                           const Stats* __restrict__ row_stats) {
   using Access = Pack<T, ELEMS>;
   using Values = RowValues<T, ELEMS>;
@@ -657,11 +642,8 @@ fused_add_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row
   const int64_t batch_groups = gridDim.y, batch_rows = rows, first_row = 0, part = blockIdx.y;  // one batch
   const int64_t begin = first_row + part * batch_rows / batch_groups;
   const int64_t end = first_row + (part + 1) * batch_rows / batch_groups;
-  auto x_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(x + row * x_row_stride);
-  };
-  auto residual_row_at = [&](int64_t row) {
-    return reinterpret_cast<const Access*>(residual + row * residual_row_stride);
+  auto residual_out_row_at = [&](int64_t row) {
+    return reinterpret_cast<const Access*>(residual_out + row * residual_out_row_stride);
   };
   auto grad_out_row_at = [&](int64_t row) {
     return reinterpret_cast<const Access*>(grad_out + row * grad_out_row_stride);
@@ -679,8 +661,7 @@ fused_add_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row
     for (int r = 0; r < kSplitRows; ++r) {  // every load of kSplitRows rows before any arithmetic
       if (first + r >= end) break;
       loaded[r] = columns;
-      loaded[r].x_v = x_row_at(first + r)[i];
-      loaded[r].residual_v = residual_row_at(first + r)[i];
+      loaded[r].residual_out_v = residual_out_row_at(first + r)[i];
       loaded[r].grad_out_v = grad_out_row_at(first + r)[i];
       loaded[r].grad_residual_out_v = grad_residual_out_row_at(first + r)[i];
       row_scalars[r] = row_stats[first + r];
@@ -696,12 +677,11 @@ fused_add_rmsnorm_backward_outputs_kernel(const T* __restrict__ x, int64_t x_row
       float grad_weight_f[ELEMS];
 #pragma unroll
       for (int j = 0; j < ELEMS; ++j) {
-        const Access& x_v = v.x_v;
-        const Access& residual_v = v.residual_v;
+        const Access& residual_out_v = v.residual_out_v;
         const Access& grad_out_v = v.grad_out_v;
         const Access& grad_residual_out_v = v.grad_residual_out_v;
         const Access& weight_v = v.weight_v;
-        Conv::template apply<T>(to_float(x_v.v[j]), to_float(residual_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_weight_f[j]);
+        Conv::template apply<T>(to_float(residual_out_v.v[j]), to_float(grad_out_v.v[j]), to_float(grad_residual_out_v.v[j]), (weight != nullptr ? to_float(weight_v.v[j]) : 1.0f), stats, params, grad_x_f[j], grad_weight_f[j]);
       }
       grad_x_row[i] = pack<T>(grad_x_f);
 #pragma unroll
@@ -771,12 +751,12 @@ cudaError_t launch_config(const FusedAddRmsnormBackwardArgs& args, const Params&
     const cudaError_t err = allow_shared_bytes<kernel>(kStagedBytes);
     if (err != cudaSuccess) return err;
   }
-  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.residual), args.residual_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);
+  kernel<<<dim3(unsigned(blocks)), dim3(unsigned(kBlock)), kStagedBytes, stream>>>(static_cast<const T*>(args.residual_out), args.residual_out_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);
   cudaError_t err = cudaGetLastError();
   if constexpr (STORAGE == RowStorage::kSplit) {
     if (err == cudaSuccess) {
       fused_add_rmsnorm_backward_outputs_kernel<T, Conv, ELEMS><<<dim3(unsigned(chunks), unsigned(groups)), dim3(kSplitThreads), 0, stream>>>(
-          static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.residual), args.residual_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);
+          static_cast<const T*>(args.residual_out), args.residual_out_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<const T*>(args.grad_residual_out), args.grad_residual_out_row_stride, static_cast<const T*>(args.weight), static_cast<T*>(args.grad_x), args.grad_x_row_stride, partials[0], args.rows, args.hidden, params, row_stats);
       err = cudaGetLastError();
     }
   }
@@ -794,14 +774,14 @@ cudaError_t launch_float32(const FusedAddRmsnormBackwardArgs& args, const Params
   using T = float;
   constexpr int kVector = 4;
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
-  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
+  const bool vector_path = args.hidden % kVector == 0 && args.residual_out_row_stride % kVector == 0 && aligned(args.residual_out, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
-    if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 128, 2, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 256, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
-    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 1024, 1, 1, RowStorage::kRegisters, true>(args, params, stream);
+    if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 32, 8, 2, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 2048) return launch_config<T, Conv, kVector, 64, 4, 2, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 4096) return launch_config<T, Conv, kVector, 128, 2, 2, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 8192) return launch_config<T, Conv, kVector, 256, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 16384) return launch_config<T, Conv, kVector, 512, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
+    if (row_bytes <= 32768) return launch_config<T, Conv, kVector, 1024, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
     return launch_config<T, Conv, kVector, 512, 1, 1, RowStorage::kSplit, false>(args, params, stream);
   }
   if (row_bytes <= 512) return launch_config<T, Conv, 1, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -819,7 +799,7 @@ cudaError_t launch_float16(const FusedAddRmsnormBackwardArgs& args, const Params
   using T = __half;
   constexpr int kVector = 8;
   const int64_t row_bytes = args.hidden * int64_t(sizeof(T));
-  const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.residual_row_stride % kVector == 0 && aligned(args.residual, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
+  const bool vector_path = args.hidden % kVector == 0 && args.residual_out_row_stride % kVector == 0 && aligned(args.residual_out, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_residual_out_row_stride % kVector == 0 && aligned(args.grad_residual_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes) && aligned(args.weight, kAccessBytes);
   if (vector_path) {
     if (row_bytes <= 512) return launch_config<T, Conv, kVector, 32, 8, 1, RowStorage::kRegisters, true>(args, params, stream);
     if (row_bytes <= 1024) return launch_config<T, Conv, kVector, 64, 4, 1, RowStorage::kRegisters, true>(args, params, stream);

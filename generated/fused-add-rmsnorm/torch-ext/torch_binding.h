@@ -12,7 +12,7 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_transformers(const to
 
 namespace fused_add_rmsnorm_backward_binding {
 // fused_add_rmsnorm_backward: convention single_rounding (the gradient of single_rounding (its roundings to the dtype differentiate as the identity))
-std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps);
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward(const torch::Tensor& residual_out, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps);
 // fused_add_rmsnorm_backward_transformers: convention transformers (the gradient of transformers (its roundings to the dtype differentiate as the identity))
-std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps);
+std::tuple<torch::Tensor, torch::Tensor> fused_add_rmsnorm_backward_transformers(const torch::Tensor& residual_out, const torch::Tensor& grad_out, const torch::Tensor& grad_residual_out, const std::optional<torch::Tensor>& weight, double eps);
 }  // namespace fused_add_rmsnorm_backward_binding

@@ -72,21 +72,19 @@ _register_fake("fused_add_rmsnorm_transformers", _fused_add_rmsnorm_fake)
 _register_fake("fused_add_rmsnorm_transformers_", _fused_add_rmsnorm_inplace_fake)
 
 
-def _fused_add_rmsnorm_backward_fake(x: torch.Tensor, residual: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_add_rmsnorm_backward_fake(residual_out: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm_backward."""
 
-    torch._check(x.dim() >= 1, lambda: "fused_add_rmsnorm_backward: x must have at least one dim")
+    torch._check(residual_out.dim() >= 1, lambda: "fused_add_rmsnorm_backward: residual_out must have at least one dim")
     if weight is not None:
-        torch._check(weight.dtype == x.dtype, lambda: f"fused_add_rmsnorm_backward: weight has dtype {weight.dtype} but x has {x.dtype}")
-        torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-                     lambda: f"fused_add_rmsnorm_backward: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
-    torch._check(residual.dtype == x.dtype, lambda: f"fused_add_rmsnorm_backward: residual has dtype {residual.dtype} but x has {x.dtype}")
-    torch._check(residual.shape == x.shape, lambda: "fused_add_rmsnorm_backward: residual must have the shape of x")
-    torch._check(grad_out.dtype == x.dtype, lambda: f"fused_add_rmsnorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
-    torch._check(grad_out.shape == x.shape, lambda: "fused_add_rmsnorm_backward: grad_out must have the shape of x")
-    torch._check(grad_residual_out.dtype == x.dtype, lambda: f"fused_add_rmsnorm_backward: grad_residual_out has dtype {grad_residual_out.dtype} but x has {x.dtype}")
-    torch._check(grad_residual_out.shape == x.shape, lambda: "fused_add_rmsnorm_backward: grad_residual_out must have the shape of x")
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]))
+        torch._check(weight.dtype == residual_out.dtype, lambda: f"fused_add_rmsnorm_backward: weight has dtype {weight.dtype} but residual_out has {residual_out.dtype}")
+        torch._check(weight.dim() == 1 and weight.shape[0] == residual_out.shape[-1],
+                     lambda: f"fused_add_rmsnorm_backward: weight must have shape [{residual_out.shape[-1]}], got {list(weight.shape)}")
+    torch._check(grad_out.dtype == residual_out.dtype, lambda: f"fused_add_rmsnorm_backward: grad_out has dtype {grad_out.dtype} but residual_out has {residual_out.dtype}")
+    torch._check(grad_out.shape == residual_out.shape, lambda: "fused_add_rmsnorm_backward: grad_out must have the shape of residual_out")
+    torch._check(grad_residual_out.dtype == residual_out.dtype, lambda: f"fused_add_rmsnorm_backward: grad_residual_out has dtype {grad_residual_out.dtype} but residual_out has {residual_out.dtype}")
+    torch._check(grad_residual_out.shape == residual_out.shape, lambda: "fused_add_rmsnorm_backward: grad_residual_out must have the shape of residual_out")
+    return (torch.empty(residual_out.shape, dtype=residual_out.dtype, device=residual_out.device), residual_out.new_empty(residual_out.shape[-1:] if weight is not None else [0]))
 
 
 _register_fake("fused_add_rmsnorm_backward", _fused_add_rmsnorm_backward_fake)
