@@ -20,6 +20,9 @@ KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 300 python3 -m pytest -m gpu -p no:cachepro
     tests/test_rotary_gpu.py tests/test_rotary_norm_gpu.py > "$R/t-rotary.log" 2>&1
 KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 300 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -k rope \
     tests/test_backward_gpu.py > "$R/t-rotary-backward.log" 2>&1
+# fused_add_rmsnorm's backward reading the saved residual_out instead of x and residual
+KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -k fused_add_rmsnorm \
+    tests/test_backward_gpu.py > "$R/t-fused-add-backward.log" 2>&1
 # qk_norm_rope in the per-op GPU tests that take every op: argument errors, the project's own test and bench
 KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 200 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -k "qk_norm_rope and not flux and not wan" \
     tests/test_errors_gpu.py tests/test_ops_gpu.py > "$R/t-qk-norm-rope.log" 2>&1
