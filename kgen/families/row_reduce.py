@@ -510,9 +510,9 @@ class RowReduceFamily(RowsFamily):
     # -- backward --------------------------------------------------------------------------------------------
     def backward(self, spec: OpSpec) -> OpSpec | None:
         """A column reduction (kgen.families.column_reduce), derived from the spec: per row it recomputes the
-        statistics from the inputs (on chip, no bytes: nothing but the inputs is saved; see below for a saved
-        output) with each one's slope
-        dF/dS, then in reverse order one sum per statistic, the gradient reaching its row sum S:
+        statistics from the inputs (on chip, no bytes: nothing but the inputs is saved, or a saved sum, below)
+        with each one's slope dF/dS, then in reverse order one sum per statistic, the gradient reaching its
+        row sum S:
         dL/dS_k = F_k'(S_k) · Σ_j (Σ_o dy_o ∂y_o/∂stat_k + Σ_{m>k} dL/dS_m ∂summand_m/∂stat_k); then per
         element the gradient of each row input, Σ_o dy_o ∂y_o/∂v + Σ_k dL/dS_k ∂summand_k/∂v, and of each
         column input (weight, bias), Σ_o dy_o ∂y_o/∂w summed over the rows. For RMSNorm that is
