@@ -18,6 +18,7 @@ from kgen.integrations import flux as kgen_flux  # noqa: E402
 from kgen.integrations import transformers as kgen_transformers
 from kgen.integrations import wan as kgen_wan  # noqa: E402
 from kgen.integrations.e2e import is_matmul, markdown, run_e2e, write  # noqa: E402
+from kgen.integrations.workloads import BUILDERS  # noqa: E402
 
 pytestmark = pytest.mark.toolchain
 SMALL = {
@@ -68,8 +69,6 @@ def test_qwen3_train_runs_kgens_ops_in_the_kgen_models_step_alone(reference_kern
     its derived backward) and the loss's cross-entropy, compiled or not; the eager model runs none of kgen's
     ops, and transformers' module-level apply_rotary_pos_emb stays its own throughout."""
     from transformers.models.qwen3 import modeling_qwen3
-
-    from kgen.integrations.workloads import BUILDERS
 
     calls = reference_kernels(kgen_transformers.OPS + ("cross_entropy",))
     own = modeling_qwen3.apply_rotary_pos_emb
@@ -179,6 +178,21 @@ def test_graphs_compile_in_reduce_overhead_mode(reference_kernels, build_root, t
     table = write(result, tmp_path).read_text()
     assert (tmp_path / "e2e-qwen3-graphs.json").exists()
     assert "; torch.compile mode reduce-overhead." in table.splitlines()[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
+def test_decode_past_its_cache_is_a_clear_error(reference_kernels, build_root):
+    """Each decode step appends a token to a static cache sized for the calls the harness makes; one more is
+    refused by name (on a GPU, the cache's index would assert in a kernel and take the whole run down)."""
+    reference_kernels(kgen_transformers.OPS)
+    kwargs = dict(root=build_root, arch="sm_90")
+    models, workloads = BUILDERS["qwen3"](torch, "cpu", SMALL["qwen3"], kwargs, 2, lambda _: None)
+    decode = workloads["Qwen3 decode step, batch 4, 16 tokens of context"]
+    for model in models.values():
+        decode(model)
+        decode(model)
+        with pytest.raises(KgenError, match="static cache holds 2 steps after its context"):
+            decode(model)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")

@@ -125,8 +125,9 @@ def run_e2e(
         raise KgenError("kgen bench --e2e needs a CUDA device")
     training = target in TRAINING
     torch.manual_seed(0)
+    calls = rounds * (repeats + WARMUP) + 1  # a variant's calls of a workload, + 1: --profile's or the peak's
     models, workloads = BUILDERS[target](
-        torch, device, config, dict(root=build_root, arch=arch, step=log), rounds * (repeats + WARMUP), log
+        torch, device, config, dict(root=build_root, arch=arch, step=log), calls, log
     )
     for variant, base in (("torch.compile", "eager"), ("torch.compile + kgen", "eager + kgen")):
         if variant in variants:

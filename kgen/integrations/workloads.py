@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import inspect
 
+from ..errors import KgenError
 from .diffusion import flux, ltx, ltx_train, wan, wan_train
 from .transformers import OPS, kernelize
 
@@ -57,7 +58,7 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
     prefill, (batch, context) = (2048, (64, 512)) if not config else (32, (4, 16))
     ids = torch.randint(0, cfg.vocab_size, (1, prefill), device=device)
     tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
-    caches = {}
+    caches, calls = {}, {}
     # the cache's keyword: `cache` from transformers 5.24 (`past_key_values`, deprecated, goes in 5.40)
     name = "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
 
@@ -66,7 +67,10 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
             cache = StaticCache(config=cfg, max_cache_len=context + steps)
             context_ids = torch.randint(0, cfg.vocab_size, (batch, context), device=device)
             m(context_ids, use_cache=True, **{name: cache})
-            caches[id(m)] = cache
+            caches[id(m)], calls[id(m)] = cache, 0
+        calls[id(m)] += 1  # each step appends a token: past the cache's end a GPU index would assert
+        if calls[id(m)] > steps:
+            raise KgenError(f"the decode workload's static cache holds {steps} steps after its context")
         return m(tokens, use_cache=True, **{name: caches[id(m)]})
 
     workloads = {
