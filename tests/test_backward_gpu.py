@@ -50,7 +50,13 @@ def backward_spec(op):
 
 @pytest.fixture(scope="module")
 def libraries(built):
-    return {op: built(op)[1] for op in OPS}
+    """op -> its library, built on first use (built() keeps it): -k builds only the ops it selects."""
+
+    class Libraries(dict):
+        def __missing__(self, op):
+            return built(op)[1]
+
+    return Libraries()
 
 
 def differentiated(op) -> list[str]:
