@@ -139,8 +139,7 @@ def build(
         typer.Option(
             "--arch",
             help="arch profile, a project each; repeat for several. A comma list (sm_80,sm_90) or 'all' "
-            "makes one "
-            "project for those archs. Default: a project for each arch",
+            "makes one project for those archs. Default: a project for each arch",
         ),
     ] = None,
     dtype: Annotated[
@@ -291,6 +290,10 @@ def explain(
     backward: Annotated[
         bool, typer.Option("--backward", help="the plan of the op's derived backward")
     ] = False,
+    k_heads: Annotated[
+        Optional[int],
+        typer.Option("--k-heads", min=1, help="a rotary op's heads of k where they differ from q's (dim 1)"),
+    ] = None,
 ) -> None:
     """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
     from .planner import plan_launch
@@ -299,7 +302,7 @@ def explain(
     archs = arch_names() if arch == "all" else arch.split(",")
     if len(archs) > 1:
         for name in archs:
-            explain(op, name, dtype, shape, backward)
+            explain(op, name, dtype, shape, backward, k_heads)
         return
     spec, profile = load_spec(op), load_profile(arch)
     if backward:
@@ -307,26 +310,26 @@ def explain(
             raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
         op = spec.name
     dims = _shape(shape)
-    rows, hidden = math.prod(dims[:-1]), dims[-1]
     tuning = load_tuning(profile.name)
-    plan = plan_launch(spec, profile, dtype, dims, tuning)
+    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     table_file = f"arch/tuning/{profile.name}.toml"
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made
     source = (
-        f"{cited} choice(s) here from {table_file} (of its {len(entries)} entries for {op} {dtype}), the "
-        f"rest "
-        "from rules"
+        f"{cited} choice(s) here from {table_file} (of its {len(entries)} entries for {op} {dtype}), "
+        "the rest from rules"
         if cited
-        else f"every choice from rules ({table_file} has {len(entries)} entries for {op} {dtype}, none for "
-        f"this "
-        "configuration)"
+        else f"every choice from rules ({table_file} has {len(entries)} entries for {op} {dtype}, "
+        "none for this configuration)"
         if entries
         else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"
     )
     print_line = console.print if console.is_terminal else print
     devices = ", ".join(d.name for d in profile.devices)
-    print_line(f"{op} on {profile.name} ({devices}), {dtype}, {rows} rows × hidden {hidden}; {source}")
+    shown = "×".join(map(str, dims))
+    what = f"shape {shown}" if len(dims) > 3 else f"{math.prod(dims[:-1])} rows × hidden {dims[-1]}"
+    what += f" (k heads {k_heads})" * bool(k_heads)
+    print_line(f"{op} on {profile.name} ({devices}), {dtype}, {what}; {source}")
     print_line(f"the planner's facts for {profile.name}: {profile.planner.basis}")
     _table("plan", ["choice", "value", "why"], [list(row) for row in plan.choices])
     print_line(
@@ -334,9 +337,8 @@ def explain(
     )
     if plan.min_bytes <= profile.l2_bytes:
         print_line(
-            f"it fits the {profile.l2_bytes / 2**20:.0f} MB L2 of {profile.name}: calls back to back on the "
-            f"same "
-            "data may run from L2, faster than this roofline (kgen bench flushes L2 before each run)"
+            f"it fits the {profile.l2_bytes / 2**20:.0f} MB L2 of {profile.name}: calls back to back on "
+            "the same data may run from L2, faster than this roofline (kgen bench flushes L2 before each run)"
         )
     for device in profile.devices:
         print_line(

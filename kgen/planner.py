@@ -31,12 +31,20 @@ def plan_kernel(
 
 
 def plan_launch(
-    spec: OpSpec, profile: ArchProfile, dtype: str, shape: tuple[int, ...], tuning: TuningTable | None = None
+    spec: OpSpec,
+    profile: ArchProfile,
+    dtype: str,
+    shape: tuple[int, ...],
+    tuning: TuningTable | None = None,
+    k_heads: int | None = None,
 ) -> LaunchPlan:
     """The configuration the generated launcher picks for a contiguous, aligned tensor of ``shape`` (leading
-    dims, then hidden: [rows, hidden], or a rotary op's [batch, heads, tokens, head size])."""
+    dims, then hidden: [rows, hidden], or a rotary op's [batch, heads, tokens, head size], its second rotated
+    tensor with ``k_heads`` heads where given)."""
     kernel = plan_kernel(spec, profile, dtype, tuning)
-    case = Case(tuple(shape))
+    case = Case(tuple(shape), k_heads=k_heads)
     if not shape or case.rows < 1 or shape[-1] < 1:
         raise PlanError(f"shape must have rows >= 1 and hidden >= 1, got {tuple(shape)}")
+    if k_heads is not None and not family_of(spec).takes_k_heads(spec, tuple(shape)):
+        raise PlanError("k heads are for a rotary op that rotates q and k, with a [B, H, T, D] shape")
     return family_of(spec).launch(spec, profile, kernel, case)

@@ -206,6 +206,31 @@ def test_explain_an_odd_hidden_of_dense_tensors_takes_the_flat_path():
     assert "2 B (1 elements)" in result.output and "one row of rows" not in result.output
 
 
+def test_explain_counts_k_heads_and_gives_the_launchers_grid():
+    """Qwen3's q [1, 32, 2048, 128] and k with 8 heads: 40 heads in chunks until the threads fill a wave, as
+    the generated launch_config splits them (17 chunks of 3: 3 with no head, and 278528 (token, chunk)
+    items for 270336 threads: some walk two); k's heads and its output's in the traffic (kgen bench counted
+    43.0 MB)."""
+    result = run("explain", "qk_norm_rope", "--shape", "1x32x2048x128", "--k-heads", "8")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "shape 1×32×2048×128 (k heads 8)" in text
+    assert "17 chunks of ≤ 3 of the 40 heads (32 + 8) = 278528 threads" in text, text
+    assert "3 chunks of no head" in text and "a thread walks ≤ 2 (token, chunk) items" in text
+    assert "grid | 1056 blocks |" in text
+    assert "minimum traffic: 42.99 MB" in text, text  # kgen bench's 43.0 MB
+    decode = " ".join(
+        run("explain", "qk_norm_rope", "--shape", "64x32x1x128", "--k-heads", "8").output.split()
+    )
+    assert "40 chunks of ≤ 1 of the 40 heads (32 + 8) = 20480 threads" in decode and "80 blocks" in decode
+    for args, message in [
+        (["rmsnorm", "--shape", "8x4096"], "k heads are for a rotary op that rotates q and k"),
+        (["qk_norm_rope", "--shape", "2048x128"], "with a [B, H, T, D] shape"),
+    ]:
+        refused = run("explain", *args, "--k-heads", "8")
+        assert refused.exit_code != 0 and message in " ".join(refused.output.split()), refused.output
+
+
 def test_explain_keeps_a_rotary_shape_whole():
     """A rotary op's leading dims are batch, heads and tokens: its positions are [B, 3, S], not a square of
     the flattened rows (146880 MB before)."""

@@ -154,7 +154,7 @@ def test_rotary_heads_in_flight(op, heads):
             "2 held",
             "32 tokens a block, 8 threads a token",
         ),
-        ((1, 48, 4608, 128), 1056, "at most one full wave", "2", None),  # 96 heads: more than a block holds
+        ((1, 48, 4608, 128), 288, "at most one full wave", "2", None),  # 96 heads: more than a block holds
     ],
 )
 def test_a_backward_through_a_token_norm_holds_each_token_in_a_block(shape, grid, why, held, block):

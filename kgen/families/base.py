@@ -169,16 +169,16 @@ class Family:
             f"{kp.dtype}: "
             + ", ".join(f"{b.elems_per_access} elem/access" for b in kp.buckets)
             + f"; {kp.block_threads} threads/block"
-            + (
-                ""
-                if kp.notes["block_threads"] == plans[0].notes["block_threads"]
-                else f" ({kp.notes['block_threads']})"
-            )
+            + f" ({kp.notes['block_threads']})"
+            * (kp.notes["block_threads"] != plans[0].notes["block_threads"])
             for kp in plans
         ]
 
     def tensor_shape(self, spec: OpSpec, tensor: Tensor, case: Case) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def takes_k_heads(self, spec: OpSpec, shape: tuple[int, ...]) -> bool:  # a second tensor's head count
+        return False
 
     def backward(self, spec: OpSpec) -> OpSpec | None:
         """The op's backward as a spec of its own (derived from the forward's math; planned and rendered

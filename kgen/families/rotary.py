@@ -11,6 +11,7 @@ codegen_templates/rotary/."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -275,9 +276,7 @@ class RotaryFamily(Family):
         vector = hidden % (kernel.vector_elems * (2 if half else 1)) == 0
         b = kernel.buckets[0 if vector else 1]
         per_thread = b.elems_per_access * (2 if half else 1)  # rotate_half: an access of each half
-        grid = min(
-            -(-rows * (hidden // per_thread) // b.block_threads), kernel.wave_threads // b.block_threads
-        )
+        grid, walk = self._grid(spec, kernel, case, per_thread, b.block_threads)
         choices = [
             (
                 "accesses",
@@ -285,14 +284,7 @@ class RotaryFamily(Family):
                 kernel.notes["vector path" if vector else "scalar path"],
             ),
             ("block", f"{b.block_threads} threads", b.reasons["threads_per_row"]),
-            (
-                "grid",
-                f"{grid} blocks",
-                f"ceil({rows} × {hidden} / {per_thread} elements a thread"
-                + (" (an access of each half)" if half else "")
-                + f" / {b.block_threads}) on {profile.sm_count} SMs, at most one full wave "
-                f"({kernel.wave_threads // b.block_threads}), threads walking tokens",
-            ),
+            ("grid", f"{grid} blocks", walk),
             ("storage", "none", b.reasons["storage"]),
             ("heads in flight", str(kernel.heads_in_flight), kernel.notes["heads in flight"]),
         ]
@@ -334,6 +326,41 @@ class RotaryFamily(Family):
         return LaunchPlan(
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
+
+    def takes_k_heads(self, spec: OpSpec, shape: tuple[int, ...]) -> bool:
+        return len(spec.structure.rotates) > 1 and len(shape) == 4  # k's [B, Hk, T, D] beside q's
+
+    @staticmethod
+    def _grid(spec: OpSpec, kernel: RotaryPlan, case: Case, per_thread: int, threads: int) -> tuple[int, str]:
+        """The generated launch_config's grid for ``case`` (its rotated tensors as [B, H, T, D]): a thread
+        keeps a channel group of one chunk of the heads; chunks until the threads fill one full wave (one
+        chunk when a norm sums a token's heads); at most that wave, threads walking the rest. (blocks, why)"""
+        shape = (1,) * (4 - len(case.shape)) + tuple(case.shape)
+        if len(case.shape) == 3:  # [B, S, C]: one head
+            shape = (case.shape[0], 1, *case.shape[1:])
+        batch, lead_heads, tokens, hidden = shape
+        heads = [lead_heads] + [case.k_heads or lead_heads] * (len(spec.structure.rotates) - 1)
+        groups, total, wave = hidden // per_thread, sum(heads), kernel.wave_threads
+        by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
+        chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
+        per = -(-total // chunks)
+        step = groups // math.gcd(groups, threads)  # the thread count a multiple of groups
+        blocks = min(-(-batch * tokens * groups * chunks // threads), wave // threads)
+        blocks = -(-blocks // step) * step  # (far below gridDim.x's limit: at most a wave)
+        items = batch * tokens * groups * chunks
+        why = (
+            f"{batch * tokens} tokens × {groups} channel groups ({per_thread} elements a thread"
+            + (", an access of each half" if spec.structure.pairing == "half" else "")
+            + f") × {chunks} chunk{'s' if chunks > 1 else ''} of ≤ {per} of the {total} heads "
+            + f"({' + '.join(map(str, heads))})" * (len(heads) > 1)
+            + f" = {items} threads, in blocks of {threads}; at most one full wave ({wave // threads} blocks: "
+            f"{wave} threads), threads walking tokens"
+        )
+        if (empty := chunks - -(-total // per)) > 0:
+            why += f"; {empty} chunk{'s' if empty > 1 else ''} of no head (their threads idle)"
+        if (rounds := -(-items // (blocks * threads))) > 1:
+            why += f"; a thread walks ≤ {rounds} (token, chunk) items"
+        return blocks, why
 
     def evaluate(self, spec: OpSpec, inputs: list, params: list, convention: str) -> tuple:
         """Each rotated tensor with its pair partner and sign; cos and sin from the tables (broadcast over the
@@ -410,7 +437,9 @@ class RotaryFamily(Family):
         ):  # the lead's shape without the head dim, batch 1 per batch
             table = shape[:1] + shape[2:] if len(shape) == 4 else shape
             return (1, *table[1:]) if case.per_batch and len(table) == 3 else table
-        if tensor is not spec.lead and len(shape) == 4 and case.k_heads:
+        # the second rotated tensor (k) and its output: k's heads where they differ from q's
+        seconds = structure.rotates[1:] + [t.name for t in spec.outputs[1 : len(structure.rotates)]]
+        if tensor.name in seconds and len(shape) == 4 and case.k_heads:
             return (shape[0], case.k_heads, *shape[2:])
         return shape
 
