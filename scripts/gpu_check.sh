@@ -11,14 +11,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 RAW=${RAW:-$(mktemp -d)}  # RAW=$OUT/raw keeps partial logs if the run is cut short
 mkdir -p "$OUT" "$RAW"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/device_env.sh "$RAW" || exit 1
+cat "$RAW/device.txt"
 export KGEN_TEST_BUILD_ROOT=${KGEN_TEST_BUILD_ROOT:-/tmp/kgen-build}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$RAW/device.txt"
-python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' | tee -a "$RAW/device.txt"
 status=0
 # Every op's local build at once (the test fixtures and the benchmark then find them up to date).
 ARCH=$(python3 -c 'from kgen.builder import device_arch; print(device_arch())')
