@@ -123,7 +123,8 @@ ALLOWED = {
         "integrations.decoder",
     },
     "integrations.decoder": set(),
-    "integrations.attention": {"integrations.decoder"},
+    "integrations.attention": {"integrations._rotary_fit", "integrations.decoder"},
+    "integrations._rotary_fit": set(),
     "integrations.diffusers": {
         "builder",
         "errors",
@@ -131,7 +132,7 @@ ALLOWED = {
         "integrations.flux",
         "integrations.wan",
     },
-    "integrations._diffusers_common": {"errors"},
+    "integrations._diffusers_common": {"errors", "integrations._rotary_fit"},
     "integrations.flux": {"errors", "integrations._diffusers_common"},
     "integrations.wan": {"errors", "integrations._diffusers_common"},
     "integrations.workloads": {"errors", "integrations.diffusion", "integrations.transformers"},
@@ -178,6 +179,7 @@ SIZES = {
     "integrations/transformers.py": 170,  # the layers, and the causal-LM loss (causal_lm_loss)
     "integrations/decoder.py": 110,  # the decoder layers' residual adds fused with their norms
     "integrations/attention.py": 125,  # Qwen3's q/k norms fused with the rotary embedding
+    "integrations/_rotary_fit.py": 20,  # the head sizes the fused q/k norm kernels serve
 }
 
 

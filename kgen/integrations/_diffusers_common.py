@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..errors import KgenError
+from ._rotary_fit import lanes_fit
 
 
 class Pending(NamedTuple):
@@ -47,14 +48,10 @@ def gelu_forward(kernel):
     return forward
 
 
-ACCESS_BYTES = 16  # a thread's access in the rotary kernels (every arch profile's max_access_bytes)
-
-
 def fuses_qk_norms(q, norm_q, norm_k) -> bool:
     """Whether an attention's q/k norms (torch.nn.RMSNorm) and the rotation after them run as one
     qk_norm_rope_* launch (in training too: each has a derived backward): one eps, both weights present in
-    q's dtype, and a head size D = q's last dim whose lanes the kernel serves (D / (elements per 16-byte
-    access) a power of two up to 32)."""
+    q's dtype, and a head size D = q's last dim the kernel serves (interleaved pairs; _rotary_fit)."""
     weights = norm_q.weight, norm_k.weight
     if (
         any(w is None or w.dtype != q.dtype for w in weights)
@@ -62,6 +59,4 @@ def fuses_qk_norms(q, norm_q, norm_k) -> bool:
         or norm_q.eps is None
     ):
         return False
-    per_access = ACCESS_BYTES // q.element_size()
-    lanes = q.shape[-1] // per_access
-    return q.shape[-1] % per_access == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
+    return lanes_fit(q.shape[-1], q.element_size(), half_pairs=False)

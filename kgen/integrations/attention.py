@@ -16,12 +16,12 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from ._rotary_fit import lanes_fit
 from .decoder import class_path, model_class
 
 _QWEN3 = "transformers.models.qwen3.modeling_qwen3.Qwen3"
 CLASSES = {f"{_QWEN3}Attention": f"{_QWEN3}RMSNorm"}  # attention class: its q/k norms' class
 OP = "qk_norm_rope"
-ACCESS_BYTES = 16  # a thread's access in the rotary kernels (every arch profile's max_access_bytes)
 
 
 def fuse(model, load_op: Callable[[], Callable]) -> dict[str, str]:
@@ -56,18 +56,13 @@ def _fusable(attention) -> bool:
 
 def _fits(attention, q, cos, sin) -> bool:
     """Whether this call's q (with its k), norms and tables are what qk_norm_rope serves: the weights and the
-    tables in q's dtype, one eps, and a head size D whose lanes sum a head in one warp (D / (2 × elements per
-    16-byte access: a lane keeps an access of each half of a head) a power of two up to 32)."""
+    tables in q's dtype, one eps, and a head size D the kernel serves (rotate_half pairs; _rotary_fit)."""
     norms = attention.q_norm, attention.k_norm
-    elems = 2 * ACCESS_BYTES // q.element_size()
-    lanes = q.shape[-1] // elems
     return (
         all(n.weight.dtype == q.dtype for n in norms)
         and cos.dtype == sin.dtype == q.dtype
         and norms[0].variance_epsilon == norms[1].variance_epsilon
-        and q.shape[-1] % elems == 0
-        and 1 <= lanes <= 32
-        and lanes & (lanes - 1) == 0
+        and lanes_fit(q.shape[-1], q.element_size(), half_pairs=True)
     )
 
 
