@@ -304,6 +304,23 @@ def test_an_attention_the_kernel_does_not_fit_runs_the_models_norms(served_ops, 
         same_logits(got, unfused(ids).logits)
 
 
+@pytest.mark.parametrize(
+    "half_pairs, element_size, smallest, largest",
+    [(True, 2, 16, 512), (True, 4, 8, 256), (False, 2, 8, 256), (False, 4, 4, 128)],
+)
+def test_the_fused_q_k_norms_fit_the_head_sizes_their_launcher_serves(
+    half_pairs, element_size, smallest, largest
+):
+    """The integrations' per-call test (qk_norm_rope here, the Flux and Wan ones interleaved): a lane keeps a
+    16-byte access (of each half for rotate_half) and a head's lanes are a power of two up to a warp, so the
+    head sizes are smallest·2^k up to largest (README: qk_norm_rope 16·2^k up to 512 in 16-bit)."""
+    from kgen.integrations._rotary_fit import lanes_fit
+
+    sizes = [smallest << k for k in range(6)]
+    assert sizes[-1] == largest
+    assert [d for d in range(1, 4 * largest) if lanes_fit(d, element_size, half_pairs)] == sizes
+
+
 def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):
     model = model_of("qwen3", SMALL, layers=1, hidden_act="gelu_pytorch_tanh")
     served = kernelize(model, arch=served_ops[0], root=build_root)
@@ -432,6 +449,39 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
         assert kgen_err <= 1.5 * eager_err + 1e-3 * want.abs().max().item(), (
             f"{name}: kgen {kgen_err:.4g} vs transformers {eager_err:.4g} from fp32"
         )
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_a_training_step_saves_no_more_than_eager(kind, served_ops, build_root):
+    """Issue 13's memory bar on a model: what autograd keeps for the backward of one bf16 training step with
+    kgen's norms, fused adds, q/k norms with the rotation, MLP and loss (each storage counted once: a view
+    of a kept tensor adds nothing; the weights, which both keep, left out) is no more than transformers' own
+    step keeps."""
+    import copy
+
+    from kernels import Mode
+
+    arch, _ = served_ops
+    config = SMALL if kind == "qwen3" else {k: v for k, v in SMALL.items() if k != "head_dim"}
+    model = model_of(kind, config).to(torch.bfloat16).train()
+    kgen = copy.deepcopy(model)
+    kernelize(kgen, OPS + ("cross_entropy",), arch=arch, root=build_root, mode=Mode.TRAINING)
+    ids, labels = (torch.randint(0, config["vocab_size"], (2, 16), device=DEVICE) for _ in range(2))
+
+    def saved_bytes(m) -> int:
+        storages, weights = {}, {p.untyped_storage().data_ptr() for p in m.parameters()}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = m(ids, labels=labels).loss
+        loss.backward()
+        return sum(n for ptr, n in storages.items() if ptr not in weights)
+
+    kept, own = saved_bytes(kgen), saved_bytes(model)
+    assert kept <= own, f"kgen's step keeps {kept} bytes for its backward, transformers' {own}"
 
 
 def test_the_fused_add_saves_its_sum_not_its_inputs(served_ops, build_root):
