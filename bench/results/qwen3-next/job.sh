@@ -10,9 +10,11 @@ source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
 OPS="rmsnorm fused_add_rmsnorm qk_norm_rope silu_mul rope cross_entropy"
 ROTARY="rope_interleaved rope_apply rope3d rope3d_qk rope3d_coords rope_flux rope_wan qk_norm_rope_flux qk_norm_rope_wan"
 python3 -m kgen build $OPS $ROTARY --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
-# the chunk rule of chunks.patch, built beside main's (rope and qk_norm_rope only)
-cp -r "$PWD" /tmp/variant && (cd /tmp/variant && patch -p1 < "$HERE/chunks.patch" &&
-    python3 -m kgen build rope qk_norm_rope --arch sm_90 --compile --jobs 16 --out /tmp/kv) > "$R/build-variant.log" 2>&1 &
+# two launcher variants (chunks.patch, lb4.patch), each built beside main's (rope and qk_norm_rope only)
+for v in chunks lb4; do
+  cp -r "$PWD" "/tmp/$v" && (cd "/tmp/$v" && patch -p1 < "$HERE/$v.patch" &&
+      PYTHONPATH="/tmp/$v:/tmp/site" python3 -m kgen build rope qk_norm_rope --arch sm_90 --compile --jobs 8 --out "/tmp/k-$v") > "$R/build-$v.log" 2>&1 &
+done
 # 0. why qk_norm_rope runs at 53-57 % of a copy: Nsight Compute's counters at its suite shapes, rope's beside
 timeout 240 python3 scripts/ncu_counters.py qk_norm_rope rope --build-dir /tmp/kb --out "$R/ncu.md" > "$R/ncu.log" 2>&1
 echo "ncu rc=$? $(date)" >> "$R/progress"
@@ -28,10 +30,12 @@ echo "fused_add_rmsnorm backward tests rc=$? $(date)" >> "$R/progress"
 timeout 420 python3 "$HERE/before.py" "$R/before" /tmp/kb > "$R/before.log" 2>&1
 timeout 540 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build-dir /tmp/kb > "$R/after.log" 2>&1
 echo "e2e qwen3 rc=$? $(date)" >> "$R/progress"
-# 3. the chunk rule, measured against main's in one process
+# 3. the launcher variants, each measured against main's in one process
 wait
-timeout 200 python3 scripts/variants.py /tmp/kb /tmp/kv rope qk_norm_rope > "$R/variants.log" 2>&1
-echo "variants rc=$? $(date)" >> "$R/progress"
+for v in chunks lb4; do
+  timeout 200 python3 scripts/variants.py /tmp/kb "/tmp/k-$v" rope qk_norm_rope > "$R/variants-$v.log" 2>&1
+  echo "variants $v rc=$? $(date)" >> "$R/progress"
+done
 # 4. the training steps (compare with ../e2e-qwen3-train.md; wan-train never ran on a GPU)
 timeout 420 python3 -m kgen bench --e2e qwen3-train --out "$R/after" --build-dir /tmp/kb > "$R/train.log" 2>&1
 echo "e2e qwen3-train rc=$? $(date)" >> "$R/progress"
