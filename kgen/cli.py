@@ -399,19 +399,19 @@ def bench(
     if e2e is not None:
         from .integrations.e2e import run_e2e, write
 
-        path = write(
-            run_e2e(
-                e2e,
-                rounds=rounds,
-                repeats=min(repeats, 20),
-                build_root=build_dir,
-                profile=profile,
-                compile_mode="reduce-overhead" if graphs else None,
-                log=console.print,
-            ),
-            out,
+        result = run_e2e(
+            e2e,
+            rounds=rounds,
+            repeats=min(repeats, 20),
+            build_root=build_dir,
+            profile=profile,
+            compile_mode="reduce-overhead" if graphs else None,
+            log=console.print,
         )
+        path = write(result, out)
         console.print(path.read_text())
+        if failed := [row["workload"] for row in result["rows"] if "profile error" in row]:
+            raise KgenError(f"--profile failed at {', '.join(failed)}; the timings are in {path}")
         return
     if (op is None) == (not all_ops):
         raise UsageError(f"name one op, pass --all, or --e2e with one of {E2E}")

@@ -207,6 +207,43 @@ def test_unknown_target_is_refused():
         run_e2e("llama", device="cpu")
 
 
+def test_a_failed_profile_keeps_the_timings(monkeypatch, tmp_path):
+    """--profile runs after every workload was timed: a profiled call that fails (on a GPU a kernel's assert
+    takes the CUDA context down) is recorded in its row and in the report and ends the profiling; the
+    timings are written, and `kgen bench --e2e` then exits with the failure named."""
+    from typer.testing import CliRunner
+
+    from kgen import cli
+    from kgen.integrations import e2e
+
+    calls, logged = [], []
+    assert_message = "CUDA error: device-side assert triggered"
+
+    def table(torch_, fn, grad):
+        calls.append(fn)
+        if len(calls) == 3:  # the second workload's first variant
+            raise RuntimeError(f"{assert_message}\nCUDA kernel errors might be asynchronously reported")
+        return {"matmul us": 1.0, "other us": 2.0, "span us": 4.0, "kernels": [["k", 1, 2.0]]}
+
+    monkeypatch.setattr(e2e, "_kernel_table", table)
+    rows = [{"workload": w, "eager ms": 1.0, "eager + kgen ms": 0.5} for w in "abc"]
+    variants = ("eager", "eager + kgen")
+    e2e._profile_rows(torch, rows, [lambda m: m] * 3, dict.fromkeys(variants), variants, False, logged.append)
+    error = f"RuntimeError: {assert_message}"
+    assert set(rows[0]["profile"]) == set(variants)
+    assert "profile" not in rows[1] and rows[1]["profile error"] == error
+    assert "profile" not in rows[2] and "profile error" not in rows[2]  # not tried after the failure
+    assert logged == [f"b: the profiled call failed, the timings stand ({error})"]
+    result = dict(target="qwen3", device="d", torch="t", date="x", rounds=1, repeats=1, goals={}, rows=rows)
+    report = markdown(result)
+    assert "| b | 1.00 | 0.50 |" in report
+    assert f"No kernel table for b: the profiled call failed ({error})." in report
+    monkeypatch.setattr(e2e, "run_e2e", lambda *args, **kwargs: result)
+    out = CliRunner().invoke(cli.app, ["bench", "--e2e", "qwen3", "--profile", "--out", str(tmp_path)])
+    assert out.exit_code != 0 and "--profile failed at b; the timings are in" in " ".join(out.output.split())
+    assert json.loads((tmp_path / "e2e-qwen3.json").read_text())["rows"][1]["profile error"] == error
+
+
 def test_profile_table_splits_matmul_from_the_rest():
     """The --profile report: per variant the matmul + attention time against the rest, and the costliest of
     the rest (names as the profiler gives them; the GPU run fills them, this checks the report of them)."""

@@ -154,11 +154,9 @@ def run_e2e(
                 with torch.enable_grad():
                     step = functools.partial(run, models[variant])
                     row[f"{variant} peak GiB"] = _peak_gib(torch, models[variant], step)
-        if profile and device == "cuda":
-            row["profile"] = {
-                v: _kernel_table(torch, functools.partial(run, models[v]), training) for v in variants
-            }
         rows.append(row)
+    if profile and device == "cuda":
+        _profile_rows(torch, rows, list(workloads.values()), models, variants, training, log)
     name = torch.cuda.get_device_name() if device == "cuda" else device
     return {
         "target": target,
@@ -171,6 +169,20 @@ def run_e2e(
         "goals": goals,
         "rows": rows,
     }
+
+
+def _profile_rows(torch, rows, runs, models, variants, training, log) -> None:
+    """Each row's kernel tables (--profile), after every row was timed: a call that fails (a kernel's assert
+    leaves the CUDA context unusable) is recorded in its row and ends the profiling; the timings stand."""
+    for row, run in zip(rows, runs):
+        calls = {v: functools.partial(run, models[v]) for v in variants}
+        try:
+            row["profile"] = {v: _kernel_table(torch, call, training) for v, call in calls.items()}
+        except Exception as error:  # noqa: BLE001 (any failure: the timings are written, the run exits 1)
+            row["profile error"] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+            return log(
+                f"{row['workload']}: the profiled call failed, the timings stand ({row['profile error']})"
+            )
 
 
 def markdown(result: dict) -> str:
@@ -203,6 +215,8 @@ def markdown(result: dict) -> str:
     for row in result["rows"]:
         if "profile" in row:
             lines += _profile_markdown(row["workload"], row["profile"])
+        if error := row.get("profile error"):
+            lines += ["", f"No kernel table for {row['workload']}: the profiled call failed ({error})."]
     return "\n".join(lines) + "\n"
 
 
