@@ -10,8 +10,8 @@ source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
 OPS="rmsnorm fused_add_rmsnorm qk_norm_rope silu_mul rope cross_entropy"
 ROTARY="rope_interleaved rope_apply rope3d rope3d_qk rope3d_coords rope_flux rope_wan qk_norm_rope_flux qk_norm_rope_wan"
 python3 -m kgen build $OPS $ROTARY --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
-# two launcher variants (chunks.patch, lb4.patch), each built beside main's (rope and qk_norm_rope only)
-for v in chunks lb4; do
+# two launcher variants (chunks.patch, bounds.patch), each built beside main's (rope and qk_norm_rope only)
+for v in chunks bounds; do
   cp -r "$PWD" "/tmp/$v" && (cd "/tmp/$v" && patch -p1 < "$HERE/$v.patch" &&
       PYTHONPATH="/tmp/$v:/tmp/site" python3 -m kgen build rope qk_norm_rope --arch sm_90 --compile --jobs 8 --out "/tmp/k-$v") > "$R/build-$v.log" 2>&1 &
 done
@@ -32,7 +32,7 @@ timeout 540 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build
 echo "e2e qwen3 rc=$? $(date)" >> "$R/progress"
 # 3. the launcher variants, each measured against main's in one process
 wait
-for v in chunks lb4; do
+for v in chunks bounds; do
   timeout 200 python3 scripts/variants.py /tmp/kb "/tmp/k-$v" rope qk_norm_rope > "$R/variants-$v.log" 2>&1
   echo "variants $v rc=$? $(date)" >> "$R/progress"
 done
