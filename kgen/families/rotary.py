@@ -300,10 +300,8 @@ class RotaryFamily(Family):
             )
             choices.append(("weight gradients", partials, kernel.notes["weight gradients"]))
         if "weight gradients" in kernel.notes and per_head:  # held_kernel's grid, where a block holds a token
-            per, shape, chunks = b.elems_per_access * (2 if half else 1), case.shape, 1
-            tokens, heads = (
-                (rows // shape[1], shape[1] + (case.k_heads or shape[1])) if shape[3:] else (rows, 2)
-            )
+            batch, each, tokens, _ = self._layout(spec, case)
+            per, tokens, heads, chunks = b.elems_per_access * (2 if half else 1), batch * tokens, sum(each), 1
             while chunks * (kernel.held_elems // per) < heads:
                 chunks *= 2
             if (slots := b.block_threads // (hidden // per * chunks)) >= 1:
@@ -331,15 +329,21 @@ class RotaryFamily(Family):
         return len(spec.structure.rotates) > 1 and len(shape) == 4  # k's [B, Hk, T, D] beside q's
 
     @staticmethod
-    def _grid(spec: OpSpec, kernel: RotaryPlan, case: Case, per_thread: int, threads: int) -> tuple[int, str]:
-        """The generated launch_config's grid for ``case`` (its rotated tensors as [B, H, T, D]): a thread
-        keeps a channel group of one chunk of the heads; chunks until the threads fill one full wave (one
-        chunk when a norm sums a token's heads); at most that wave, threads walking the rest. (blocks, why)"""
-        shape = (1,) * (4 - len(case.shape)) + tuple(case.shape)
-        if len(case.shape) == 3:  # [B, S, C]: one head
-            shape = (case.shape[0], 1, *case.shape[1:])
-        batch, lead_heads, tokens, hidden = shape
-        heads = [lead_heads] + [case.k_heads or lead_heads] * (len(spec.structure.rotates) - 1)
+    def _layout(spec: OpSpec, case: Case) -> tuple[int, list[int], int, int]:
+        """``case`` as the binding sees it (as_bhtd): batch, each rotated tensor's heads, tokens, D."""
+        shape = tuple(case.shape)
+        batch, lead, tokens, hidden = (
+            (shape[0], 1, *shape[1:]) if len(shape) == 3 else (1,) * (4 - len(shape)) + shape
+        )
+        return batch, [lead] + [case.k_heads or lead] * (len(spec.structure.rotates) - 1), tokens, hidden
+
+    def _grid(
+        self, spec: OpSpec, kernel: RotaryPlan, case: Case, per_thread: int, threads: int
+    ) -> tuple[int, str]:
+        """The generated launch_config's grid for ``case``: a thread keeps a channel group of one chunk of the
+        heads; chunks until the threads fill one full wave (one chunk when a norm sums a token's heads); at
+        most that wave, threads walking the rest. (blocks, why)"""
+        batch, heads, tokens, hidden = self._layout(spec, case)
         groups, total, wave = hidden // per_thread, sum(heads), kernel.wave_threads
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
