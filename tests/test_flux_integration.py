@@ -10,6 +10,7 @@ single blocks, B = 2, 32×32 image tokens and 128 text tokens."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 
 import pytest
@@ -56,10 +57,10 @@ def served_ops(reference_kernels):
     return (None, Counter()) if GPU else ("sm_90", reference_kernels(OPS))
 
 
-def model_of(config: dict):
+def model_of(config: dict, **layers):
     torch.manual_seed(0)
     with torch.device(DEVICE):
-        return diffusers.FluxTransformer2DModel(**config, **LAYERS).eval()
+        return diffusers.FluxTransformer2DModel(**config, **(layers or LAYERS)).eval()
 
 
 def inputs_of(model, batch=2):
@@ -88,39 +89,63 @@ def cast(inputs, dtype=torch.bfloat16):
     return {k: v.to(dtype) if k not in skip and v.is_floating_point() else v for k, v in inputs.items()}
 
 
-def output(model, inputs, dtype):
+def output(model, inputs, dtype, **kwargs):
     with torch.no_grad():
-        return model.to(dtype)(**cast(inputs, dtype), return_dict=False)[0].double()
+        return model.to(dtype)(**cast(inputs, dtype), **kwargs, return_dict=False)[0].double()
 
 
 def ran_since(calls, before) -> dict:
     return {name: calls[name] - before[name] for name in calls if calls[name] > before[name]}
 
 
-# per forward, training or not: norm1 and norm1_context of each double block, each single block's norm,
-# norm_out; each double block's two gated residual adds with norm2 / norm2_context; the feed-forwards' GELU
+# per forward, training or not: norm1 and norm1_context of the first double block, the first single block's
+# norm; every other norm1 / norm1_context, single block's norm and norm_out with the block before's pending
+# add, and each double block's two gated residual adds with norm2 / norm2_context; the feed-forwards' GELU
 # per double block, act_mlp per single block; each stream's q/k norms and the rotation one launch (the text's
 # and the image's in a double block, one in a single block), with its derived backward in training
 FORWARD = {
-    "adaln_layernorm_diffusers": 7,
-    "residual_adaln_layernorm_diffusers": 4,
+    "adaln_layernorm_diffusers": 3,
+    "residual_adaln_layernorm_diffusers": 8,
     "gelu_tanh": 6,
     "qk_norm_rope_flux": 6,
 }
 TRAINING = FORWARD
+# where one stream's adds are made after every block (float16's clipping of the text and joint streams, the
+# ControlNet residuals of the image and joint streams): the second double block's norm of that stream, the
+# second single block's norm and norm_out take a tensor
+SETTLED = FORWARD | {"adaln_layernorm_diffusers": 6, "residual_adaln_layernorm_diffusers": 5}
 
 
-def check_output_matches(config, served_ops, root):
-    """The patched model's bf16 output is as close to the fp32 model's as diffusers' own bf16 output is."""
+def backward_of(ran: dict) -> dict:
+    """The derived backward ops of the forward ops in ``ran``, as often."""
+    return {
+        name.replace("_diffusers", "_backward_diffusers") if "diffusers" in name else name + "_backward": n
+        for name, n in ran.items()
+    }
+
+
+def grads_of(model, inputs, target, dtype=torch.bfloat16):
+    with sdpa_kernel(NO_CUDNN):
+        out = model.to(dtype)(**cast(inputs, dtype), return_dict=False)[0]
+        torch.nn.functional.mse_loss(out.float(), target).backward()
+    return {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def check_output_matches(
+    config, served_ops, root, dtype=torch.bfloat16, layers=LAYERS, ran=FORWARD, **kwargs
+):
+    """The patched model's output in ``dtype`` is as close to the fp32 model's as diffusers' own is
+    (``kwargs`` to both); without a GPU, the ops that ran are ``ran``."""
     arch, calls = served_ops
-    model = model_of(config)
+    model = model_of(config, **layers)
     inputs = inputs_of(model)
-    truth, eager = output(model, inputs, torch.float32), output(model, inputs, torch.bfloat16)
-    assert patch(model, arch=arch, root=root) == SERVED
+    truth, eager = output(model, inputs, torch.float32, **kwargs), output(model, inputs, dtype, **kwargs)
+    served = patch(model, arch=arch, root=root)
+    assert served == SERVED if layers == LAYERS else served["double_blocks"] == layers["num_layers"]
     before = calls.copy()
-    kgen = output(model, inputs, torch.bfloat16)
-    if not GPU:
-        assert ran_since(calls, before) == FORWARD
+    kgen = output(model, inputs, dtype, **kwargs)
+    if not GPU and ran is not None:
+        assert ran_since(calls, before) == ran
     eager_err, kgen_err = (eager - truth).abs().max().item(), (kgen - truth).abs().max().item()
     assert torch.isfinite(kgen).all()
     assert kgen_err <= 1.5 * eager_err + 1e-3, f"kgen {kgen_err:.4g} vs diffusers {eager_err:.4g} from fp32"
@@ -129,6 +154,49 @@ def check_output_matches(config, served_ops, root):
 
 def test_flux_output_matches(served_ops, build_root):
     check_output_matches(FLUX_DEV if GPU else SMALL, served_ops, build_root)
+
+
+@pytest.mark.parametrize(
+    "layers", [dict(num_layers=3, num_single_layers=0), dict(num_layers=0, num_single_layers=3)]
+)
+def test_flux_output_matches_with_one_block_kind(served_ops, build_root, layers):
+    """Without single blocks norm_out takes the image stream's pending add; without double blocks the joint
+    stream starts from the embeddings."""
+    check_output_matches(SMALL, served_ops, build_root, layers=layers, ran=None)
+
+
+def test_flux_output_matches_in_float16(served_ops, build_root):
+    """float16: the text stream after each double block and the joint stream after each single block are
+    clipped to its range where diffusers clips them (their adds made, not left pending)."""
+    check_output_matches(SMALL, served_ops, build_root, dtype=torch.float16, ran=SETTLED)
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_flux_output_matches_with_controlnet_residuals(served_ops, build_root, repeat):
+    """ControlNet residuals added to the image stream after the blocks diffusers adds them after (the pending
+    add made first, the joint stream's image tokens for the single blocks)."""
+    generator = torch.Generator(DEVICE).manual_seed(2)
+    inner = SMALL["num_attention_heads"] * SMALL["attention_head_dim"]
+    samples = [torch.randn(2, IMAGE, inner, device=DEVICE, generator=generator) for _ in range(3)]
+    residuals = dict(
+        controlnet_block_samples=[s.bfloat16() for s in samples[:1]],
+        controlnet_single_block_samples=[s.bfloat16() for s in samples[1:]],
+        controlnet_blocks_repeat=repeat,
+    )
+    model, inputs = check_output_matches(SMALL, served_ops, build_root, ran=SETTLED, **residuals)
+    assert (
+        output(model, inputs, torch.bfloat16) - output(model, inputs, torch.bfloat16, **residuals)
+    ).abs().max() > 0
+
+
+def test_flux_refuses_ip_adapter_embeddings(served_ops, build_root):
+    model = model_of(SMALL)
+    patch(model, arch=served_ops[0], root=build_root)
+    inputs = cast(inputs_of(model))
+    with pytest.raises(KgenError, match="IP-Adapter image embeddings are not served"):
+        model.bfloat16()(
+            **inputs, joint_attention_kwargs={"ip_adapter_image_embeds": [inputs["hidden_states"]]}
+        )
 
 
 def test_flux_trains_every_parameter_gets_its_gradient(served_ops, build_root):
@@ -140,28 +208,50 @@ def test_flux_trains_every_parameter_gets_its_gradient(served_ops, build_root):
     inputs = inputs_of(model)
     target = torch.randn(*inputs["hidden_states"].shape, device=DEVICE)
 
-    def grads(m, dtype):
-        with sdpa_kernel(NO_CUDNN):
-            out = m.to(dtype)(**cast(inputs, dtype), return_dict=False)[0]
-            torch.nn.functional.mse_loss(out.float(), target).backward()
-        return {n: p.grad.double() for n, p in m.named_parameters() if p.grad is not None}
-
-    truth = grads(copy.deepcopy(model), torch.float32)
-    eager = grads(copy.deepcopy(model), torch.bfloat16)
+    truth = grads_of(copy.deepcopy(model), inputs, target, torch.float32)
+    eager = grads_of(copy.deepcopy(model), inputs, target)
     kgen = copy.deepcopy(model)
     assert patch(kgen, arch=arch, root=build_root) == SERVED
     before = calls.copy()
-    got = grads(kgen, torch.bfloat16)
+    got = grads_of(kgen, inputs, target)
     if not GPU:  # each op and its derived backward ran
-        backward = {
-            name.replace("_diffusers", "_backward_diffusers")
-            if "diffusers" in name
-            else name + "_backward": n
-            for name, n in TRAINING.items()
-        }
-        assert ran_since(calls, before) == TRAINING | backward
+        assert ran_since(calls, before) == TRAINING | backward_of(TRAINING)
     assert got.keys() == truth.keys()
     assert_grads_close(got, eager, truth)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_flux_trains_with_gradient_checkpointing(served_ops, build_root, reentrant):
+    """diffusers' checkpointing (non-reentrant, its default) and a reentrant one: each block runs on plain
+    tensors (its pending adds unpacked), its ops once more in the backward, and the gradients are the ones
+    without checkpointing."""
+    arch, calls = served_ops
+    model = model_of(SMALL).train()
+    inputs = inputs_of(model)
+    target = torch.randn(*inputs["hidden_states"].shape, device=DEVICE)
+    plain = copy.deepcopy(model).bfloat16()
+    patch(plain, arch=arch, root=build_root)
+    want = grads_of(plain, inputs, target)
+    kgen = copy.deepcopy(model).bfloat16()
+    patch(kgen, arch=arch, root=build_root)
+    if reentrant:
+        kgen.enable_gradient_checkpointing(
+            functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True)
+        )
+    else:
+        kgen.enable_gradient_checkpointing()
+    before = calls.copy()
+    got = grads_of(kgen, inputs, target)
+    if not GPU:  # the blocks' ops ran twice (forward, then again in the backward), norm_out's once
+        again = {name: 2 * n for name, n in FORWARD.items()}
+        again["residual_adaln_layernorm_diffusers"] -= 1
+        assert ran_since(calls, before) == again | backward_of(FORWARD)
+    assert got.keys() == want.keys() == dict(model.named_parameters()).keys()
+    # a reentrant checkpoint hands each block's bf16 gradients of temb and the other stream back on their own,
+    # summed in another order; on a GPU the attention's backward may sum in another order too
+    tolerance = 2e-2 if GPU or reentrant else 0.0
+    for name, g in got.items():
+        assert (g - want[name]).norm().item() <= tolerance * want[name].norm().item(), name
 
 
 def test_a_flux_model_that_differs_is_refused_and_left_unchanged(served_ops, build_root):

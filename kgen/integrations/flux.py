@@ -2,31 +2,37 @@
 `kgen.integrations.diffusers.patch` does to one (it checks the model, builds and loads OPS, then applies).
 
 Double blocks, both streams: norm1 / norm1_context (AdaLayerNormZero: LayerNorm without affine, then the
-modulation from the timestep embedding's chunks) -> adaln_layernorm; the attention's gated residual add, norm2
-and its modulation -> residual_adaln_layernorm (one pass over the residual stream); the feed-forwards'
-GELU(approximate="tanh") -> gelu_tanh. Single blocks: norm (AdaLayerNormZeroSingle) -> adaln_layernorm,
-act_mlp -> gelu_tanh in eager (under torch.compile torch's GELU, which compile writes straight into the
-concatenation that follows). Every attention's norm_q, norm_k, norm_added_q, norm_added_k (torch.nn.RMSNorm
-over head_dim) -> rmsnorm; norm_out (AdaLayerNormContinuous) -> adaln_layernorm. Numerics: diffusers' own
-roundings (the ops' "diffusers" conventions; torch.nn.RMSNorm's for the q/k norms).
+modulation from the timestep embedding's chunks) -> adaln_layernorm in the first block, and from the second on
+residual_adaln_layernorm, fused with the residual add that ends the block before (`+ gate · ff`: a block hands
+the next one a `Pending` add per stream); the attention's gated residual add, norm2 and its modulation ->
+residual_adaln_layernorm (one pass over the residual stream); the feed-forwards' GELU(approximate="tanh") ->
+gelu_tanh. Single blocks run on the joint stream (text tokens first) that the model concatenates once, after
+the double blocks, instead of splitting and concatenating it again in every block: norm
+(AdaLayerNormZeroSingle) -> adaln_layernorm in the first, residual_adaln_layernorm with the block before's
+`+ gate · proj_out` in the others; act_mlp -> gelu_tanh in eager (under torch.compile torch's GELU, which
+compile writes straight into the concatenation that follows). norm_out (AdaLayerNormContinuous) takes the last
+block's pending add -> residual_adaln_layernorm, over the joint stream, the image tokens kept. Every
+attention's norm_q, norm_k, norm_added_q, norm_added_k (torch.nn.RMSNorm over head_dim) -> rmsnorm. The
+model's forward is replaced by one with diffusers' dataflow (guidance, LoRA scale, ControlNet residuals, which
+make the pending add first, float16's clipping where diffusers clips, gradient checkpointing on plain tensors,
+reentrant or not) that hands the pending adds on. Numerics: diffusers' own roundings (the ops' "diffusers"
+conventions; torch.nn.RMSNorm's for the q/k norms): each pending add is rounded as diffusers' `hidden + gate ·
+ff` (the product, then the sum), so the output is the one the unfused adds give.
 
 The rotary embedding: pos_embed (FluxPosEmbed) passes the ids on instead of building its two fp32 tables, and
-every attention rotates q and k in one rope_flux launch (over [B, H, S, D] views of the [B, S, H, D] heads)
-with the angles computed in the kernel from the ids, in float64 as FluxPosEmbed computes them. Where the q/k
-norms are served (inference and training: qk_norm_rope_flux has a derived backward), each stream's q/k norms
-and the rotation are one qk_norm_rope_flux launch instead (two in a double block: the text stream's and the
-image's, then concatenated). Not served yet:
-the residual adds that end each block (`+ gate · ff`, one add in the dtype each), which the next block's norm
-could take, as the LTX-Video patch does."""
+every attention rotates q and k in one rope_flux launch with the angles computed in the kernel from the ids
+(kgen.integrations._flux_attention); where the q/k norms are served, each stream's q/k norms and the rotation
+are one qk_norm_rope_flux launch. Refused: IP-Adapter image embeddings (their processor is not served)."""
 
 from __future__ import annotations
 
 import functools
+import math
 from types import MethodType
-from typing import Any, NamedTuple
 
 from ..errors import KgenError
-from ._diffusers_common import fuses_qk_norms, gelu_forward, refuse_hooks, rms_forward
+from ._diffusers_common import Pending, gelu_forward, refuse_hooks, rms_forward
+from ._flux_attention import Attention, positions_forward
 
 OPS = (
     "adaln_layernorm",
@@ -67,45 +73,45 @@ SINGLE = {
 
 def apply(model, kernels: dict) -> dict[str, int]:
     """Patches a FluxTransformer2DModel that `check` accepted, in place, with ``kernels`` (OPS' loaded
-    libraries); returns how many modules of each kind now run on kgen's kernels."""
-    adaln = kernels["adaln_layernorm"].adaln_layernorm
+    libraries); returns how many modules of each kind now run on kgen's kernels. The patched blocks take and
+    return `Pending` adds, and a single block the joint stream: the patched model's forward calls them."""
+    from diffusers.utils import apply_lora_scale
+
     done = {
         "double_blocks": 0,
         "single_blocks": 0,
         "attentions": 0,
-        "adaln_norms": 0,
+        "adaln_norms": 1,  # norm_out
         "qk_norms": 0,
         "gelu_tanh": 0,
     }
+    norm = _zero_norm(kernels)
     for block in model.transformer_blocks:
-        block.forward = MethodType(_double_forward(kernels["residual_adaln_layernorm"]), block)
-        for norm in (block.norm1, block.norm1_context):
-            norm.forward = MethodType(_zero_forward(adaln), norm)
+        block.forward = MethodType(_double_forward(norm, kernels["residual_adaln_layernorm"]), block)
         for ff in (block.ff, block.ff_context):
             ff.net[0].forward = MethodType(gelu_forward(kernels["gelu_tanh"]), ff.net[0])
         done["double_blocks"] += 1
         done["adaln_norms"] += 2
         done["gelu_tanh"] += 2
     for block in model.single_transformer_blocks:
-        block.norm.forward = MethodType(_zero_forward(adaln), block.norm)
+        block.forward = MethodType(_single_forward(norm), block)
         block.act_mlp.forward = MethodType(_act_mlp_forward(kernels["gelu_tanh"]), block.act_mlp)
         done["single_blocks"] += 1
         done["adaln_norms"] += 1
         done["gelu_tanh"] += 1
-    model.pos_embed.forward = MethodType(_positions_forward, model.pos_embed)
+    model.pos_embed.forward = MethodType(positions_forward, model.pos_embed)
     dims = dict(zip(("dim_0", "dim_1", "dim_2"), model.pos_embed.axes_dim))
     dims["theta"] = float(model.pos_embed.theta)
     rope = functools.partial(kernels["rope_flux"].rope_flux, **dims)
     fused = functools.partial(kernels["qk_norm_rope_flux"].qk_norm_rope_flux, **dims)
     for attn in (m for m in model.modules() if type(m).__name__ == "FluxAttention"):
-        attn.set_processor(_Attention(rope, fused, attn.processor))
+        attn.set_processor(Attention(rope, fused, attn.processor))
         done["attentions"] += 1
         for name in QK_NORMS:
-            if (norm := getattr(attn, name, None)) is not None:
-                norm.forward = MethodType(rms_forward(kernels["rmsnorm"].rmsnorm), norm)
+            if (qk_norm := getattr(attn, name, None)) is not None:
+                qk_norm.forward = MethodType(rms_forward(kernels["rmsnorm"].rmsnorm), qk_norm)
                 done["qk_norms"] += 1
-    model.norm_out.forward = MethodType(_continuous_forward(adaln), model.norm_out)
-    done["adaln_norms"] += 1
+    model.forward = MethodType(apply_lora_scale("joint_attention_kwargs")(_model_forward(norm)), model)
     return done
 
 
@@ -151,26 +157,28 @@ def check(model) -> None:
             raise KgenError(f"{MODEL}.{where}: a LayerNorm with affine, which kgen's adaln ops do not apply")
 
 
-class _Positions(NamedTuple):
-    """What the patched pos_embed gives the blocks instead of the (cos, sin) tables: the ids, float32 as
-    FluxPosEmbed reads them, as [1, 3, S] (a view of the [S, 3] ids)."""
+def _zero_norm(kernels):
+    adaln = kernels["adaln_layernorm"].adaln_layernorm
+    residual_adaln = kernels["residual_adaln_layernorm"].residual_adaln_layernorm
 
-    positions: Any
+    def norm(module, x, emb, chunks: int):
+        """An AdaLayerNormZero(Single) or AdaLayerNormContinuous (`module`, ``chunks`` chunks of its linear's
+        output: shift and scale first, or scale and shift for the continuous one, chunks == 2) over x or over
+        a pending add: LayerNorm and `* (1 + scale) + shift` in one pass, with the add when there is one.
+        Returns the normalized tensor, the residual stream (x, or the add made) and the other chunks."""
+        activated = module.silu(emb)
+        if chunks == 2:  # AdaLayerNormContinuous casts to x's dtype
+            activated = activated.to((x.hidden if isinstance(x, Pending) else x).dtype)
+        first, second, *rest = module.linear(activated).chunk(chunks, dim=1)
+        shift, scale = (second, first) if chunks == 2 else (first, second)
+        scale, shift, eps = scale[:, None], shift[:, None], module.norm.eps
+        if isinstance(x, Pending):
+            normed, x = residual_adaln(x.hidden, x.ff, scale, shift, x.gate, eps, convention="diffusers")
+        else:
+            normed = adaln(x, scale, shift, eps, convention="diffusers")
+        return normed, x, rest
 
-
-def _positions_forward(self, ids):
-    return _Positions(ids.float().t()[None])
-
-
-def _zero_forward(adaln):
-    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
-        """AdaLayerNormZero(Single): the modulation's chunks from the embedding as diffusers computes them,
-        then LayerNorm and `* (1 + scale) + shift` in one pass; the other chunks returned for the block."""
-        chunks = self.linear(self.silu(emb)).chunk(self.linear.out_features // x.shape[-1], dim=1)
-        shift, scale, *rest = chunks
-        return adaln(x, scale[:, None], shift[:, None], self.norm.eps, convention="diffusers"), *rest
-
-    return forward
+    return norm
 
 
 def _act_mlp_forward(kernel):
@@ -186,29 +194,20 @@ def _act_mlp_forward(kernel):
     return forward
 
 
-def _continuous_forward(adaln):
-    def forward(self, x, conditioning_embedding):
-        """AdaLayerNormContinuous (norm_out): scale, then shift, from the embedding; LayerNorm and modulation
-        in one pass."""
-        scale, shift = self.linear(self.silu(conditioning_embedding).to(x.dtype)).chunk(2, dim=1)
-        return adaln(x, scale[:, None], shift[:, None], self.norm.eps, convention="diffusers")
-
-    return forward
-
-
-def _double_forward(kernel):
+def _double_forward(norm, kernel):
     residual_adaln = kernel.residual_adaln_layernorm
 
     def forward(
         self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None
     ):
-        """FluxTransformerBlock's dataflow in diffusers' roundings; each stream's gated residual add after the
-        attention fused with norm2 and its modulation."""
-        import torch
-
-        normed, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
-        normed_context, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
-            encoder_hidden_states, emb=temb
+        """FluxTransformerBlock's dataflow in diffusers' roundings, each stream's input a tensor or the block
+        before's `Pending` add; each gated residual add fused with the norm after it; returns the text's and
+        the image's pending adds (the feed-forwards' `+ gate · ff`)."""
+        normed, hidden_states, (gate_msa, shift_mlp, scale_mlp, gate_mlp) = norm(
+            self.norm1, hidden_states, temb, 6
+        )
+        normed_context, encoder_hidden_states, (c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp) = norm(
+            self.norm1_context, encoder_hidden_states, temb, 6
         )
         attended, attended_context = self.attn(
             hidden_states=normed,
@@ -225,7 +224,7 @@ def _double_forward(kernel):
             self.norm2.eps,
             convention="diffusers",
         )
-        hidden_states = hidden_states + gate_mlp.unsqueeze(1) * self.ff(normed)
+        image = Pending(hidden_states, self.ff(normed), gate_mlp[:, None])
         normed_context, encoder_hidden_states = residual_adaln(
             encoder_hidden_states,
             attended_context,
@@ -235,81 +234,127 @@ def _double_forward(kernel):
             self.norm2_context.eps,
             convention="diffusers",
         )
-        encoder_hidden_states = encoder_hidden_states + c_gate_mlp.unsqueeze(1) * self.ff_context(
-            normed_context
-        )
-        if encoder_hidden_states.dtype == torch.float16:
-            encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
-        return encoder_hidden_states, hidden_states
+        return Pending(encoder_hidden_states, self.ff_context(normed_context), c_gate_mlp[:, None]), image
 
     return forward
 
 
-class _Attention:
-    """A Flux attention processor: diffusers' dataflow (projections, q/k norms, the text stream's own
-    projections and norms put before the image's, rotary on both, attention dispatch, output projections) with
-    q and k rotated by kgen's rope_flux in one launch, seen as [B, H, S, D] views, from the ids the patched
-    pos_embed passes on. Where the q/k norms are served (gradient wanted or not), each stream's q/k norms and
-    its rotation are one qk_norm_rope_flux launch (the text stream's with its positions, the first ones),
-    before the concatenation."""
-
-    def __init__(self, rope, fused, original):
-        self.rope, self.fused = rope, fused
-        self._attention_backend = getattr(original, "_attention_backend", None)
-        self._parallel_config = getattr(original, "_parallel_config", None)
-
-    def normed_rotation(self, q, k, norm_q, norm_k, positions):
-        """One stream's q and k ([B, S, H, D]) normalized and rotated in one launch (over [B, H, S, D]
-        views)."""
-        rotated = self.fused(
-            q.transpose(1, 2), k.transpose(1, 2), norm_q.weight, norm_k.weight, positions, eps=norm_q.eps
-        )
-        return tuple(t.transpose(1, 2) for t in rotated)
-
-    def __call__(
-        self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None
-    ):
+def _single_forward(norm):
+    def forward(self, hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
+        """FluxSingleTransformerBlock's dataflow on the joint stream (a tensor, or the block before's
+        `Pending` add, fused with this block's norm); returns its own `+ gate · proj_out` pending."""
         import torch
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
 
-        def heads(t):
-            return t.unflatten(-1, (-1, attn.head_dim))
-
-        q, k, v, text_q, text_k, text_v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        q, k, v = heads(q), heads(k), heads(v)
-        joint = attn.added_kv_proj_dim is not None  # the text stream's tokens go first
-        norms = [(attn.norm_q, attn.norm_k)] + ([(attn.norm_added_q, attn.norm_added_k)] if joint else [])
-        if image_rotary_emb is not None and all(fuses_qk_norms(q, *pair) for pair in norms):
-            # the ids [1, 3, S], the same for every batch and head: the text's first
-            positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
-            split = text_q.shape[1] if joint else 0
-            streams = [(q, k, *norms[0], positions[..., split:])]
-            if joint:
-                streams.insert(0, (heads(text_q), heads(text_k), *norms[1], positions[..., :split]))
-            rotated = [self.normed_rotation(*stream) for stream in streams]
-            q, k = (torch.cat(parts, dim=1) if joint else parts[0] for parts in zip(*rotated))
-            v = torch.cat([heads(text_v), v], dim=1) if joint else v
-        else:
-            q, k = attn.norm_q(q), attn.norm_k(k)
-            if joint:
-                q = torch.cat([attn.norm_added_q(heads(text_q)), q], dim=1)
-                k = torch.cat([attn.norm_added_k(heads(text_k)), k], dim=1)
-                v = torch.cat([heads(text_v), v], dim=1)
-            if image_rotary_emb is not None:  # the ids [1, 3, S], the same for every batch and head
-                positions = image_rotary_emb.positions.to(q.device).expand(q.shape[0], -1, -1)
-                rotated = self.rope(q.transpose(1, 2), k.transpose(1, 2), positions)
-                q, k = (t.transpose(1, 2) for t in rotated)
-        out = dispatch_attention_fn(
-            q,
-            k,
-            v,
-            attn_mask=attention_mask,
-            backend=self._attention_backend,
-            parallel_config=self._parallel_config,
+        normed, hidden_states, (gate,) = norm(self.norm, hidden_states, temb, 3)
+        mlp = self.act_mlp(self.proj_mlp(normed))
+        attended = self.attn(
+            hidden_states=normed, image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {})
         )
-        out = out.flatten(2, 3).to(q.dtype)
-        if encoder_hidden_states is None:
-            return out
-        text, image = out.split_with_sizes([encoder_hidden_states.shape[1], hidden_states.shape[1]], dim=1)
-        return attn.to_out[1](attn.to_out[0](image.contiguous())), attn.to_add_out(text.contiguous())
+        return Pending(hidden_states, self.proj_out(torch.cat([attended, mlp], dim=2)), gate[:, None])
+
+    return forward
+
+
+def _settle(x, clip: bool = False):
+    """A pending add made as diffusers makes it (`gate · ff` rounded, then the sum), clipped to float16's
+    range with ``clip``; a tensor as it is."""
+    if not isinstance(x, Pending):
+        return x
+    made = x.hidden + x.gate * x.ff
+    return made.clip(-65504, 65504) if clip else made
+
+
+def _parts(x) -> tuple:
+    return tuple(x) if isinstance(x, Pending) else (x, None, None)
+
+
+def _pending(hidden, ff, gate):
+    return hidden if ff is None else Pending(hidden, ff, gate)
+
+
+def _double_step(block, *args) -> tuple:
+    """A double block on plain tensors (each stream's pending add unpacked, the image's first): what a
+    checkpoint function, reentrant or not, saves, runs again and differentiates."""
+    text, image = block(_pending(*args[:3]), _pending(*args[3:6]), *args[6:])
+    return (*image, *text)
+
+
+def _single_step(block, hidden, ff, gate, *args) -> tuple:
+    return tuple(block(_pending(hidden, ff, gate), *args))
+
+
+def _sample(samples, index: int, blocks: int, repeat: bool = False):
+    """The ControlNet residual diffusers adds after block ``index`` of ``blocks``."""
+    return samples[index % len(samples)] if repeat else samples[index // math.ceil(blocks / len(samples))]
+
+
+def _model_forward(norm):
+    def forward(
+        self,
+        hidden_states,
+        encoder_hidden_states=None,
+        pooled_projections=None,
+        timestep=None,
+        img_ids=None,
+        txt_ids=None,
+        guidance=None,
+        joint_attention_kwargs=None,
+        controlnet_block_samples=None,
+        controlnet_single_block_samples=None,
+        return_dict=True,
+        controlnet_blocks_repeat=False,
+    ):
+        """FluxTransformer2DModel.forward's dataflow: embeddings, the ids for the rotary embedding, the double
+        blocks handing on each stream's pending add, the joint stream through the single blocks, the last
+        pending add fused with norm_out, the projection of the image tokens."""
+        import torch
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        if joint_attention_kwargs and "ip_adapter_image_embeds" in joint_attention_kwargs:
+            raise KgenError(f"{MODEL}: IP-Adapter image embeddings are not served by kgen's patch")
+        image = self.x_embedder(hidden_states)
+        clip = image.dtype == torch.float16  # where diffusers clips to float16's range
+        timestep = timestep.to(image.dtype) * 1000
+        embedded = (timestep, pooled_projections)
+        if guidance is not None:
+            embedded = (timestep, guidance.to(image.dtype) * 1000, pooled_projections)
+        temb = self.time_text_embed(*embedded)
+        text = self.context_embedder(encoder_hidden_states)
+        ids = [i[0] if i.ndim == 3 else i for i in (txt_ids, img_ids)]  # diffusers' deprecated batched ids
+        rotary = self.pos_embed(torch.cat(ids, dim=0))
+        step = torch.is_grad_enabled() and self.gradient_checkpointing and self._gradient_checkpointing_func
+        blocks = len(self.transformer_blocks)
+        for index, block in enumerate(self.transformer_blocks):
+            if step:
+                run = functools.partial(_double_step, block)
+                parts = step(run, *_parts(image), *_parts(text), temb, rotary, joint_attention_kwargs)
+                image, text = Pending(*parts[:3]), Pending(*parts[3:])
+            else:
+                text, image = block(image, text, temb, rotary, joint_attention_kwargs)
+            if clip:
+                text = _settle(text, clip=True)
+            if controlnet_block_samples is not None:
+                sample = _sample(controlnet_block_samples, index, blocks, controlnet_blocks_repeat)
+                image = _settle(image) + sample
+        split = 0
+        if self.single_transformer_blocks:  # the joint stream, text first, from here to norm_out
+            split = (text.hidden if isinstance(text, Pending) else text).shape[1]
+            image = torch.cat([_settle(text), _settle(image)], dim=1)
+        blocks = len(self.single_transformer_blocks)
+        for index, block in enumerate(self.single_transformer_blocks):
+            if step:
+                run = functools.partial(_single_step, block)
+                image = Pending(*step(run, *_parts(image), temb, rotary, joint_attention_kwargs))
+            else:
+                image = block(image, temb, rotary, joint_attention_kwargs)
+            if clip:
+                image = _settle(image, clip=True)
+            if controlnet_single_block_samples is not None:
+                made = _settle(image)
+                sample = _sample(controlnet_single_block_samples, index, blocks)
+                image = torch.cat([made[:, :split], made[:, split:] + sample], dim=1)
+        normed = norm(self.norm_out, image, temb, 2)[0]
+        out = self.proj_out(normed[:, split:])
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+    return forward
