@@ -19,16 +19,18 @@ variant() {  # variant NAME OP...
       PYTHONPATH="/tmp/$1:/tmp/site" python3 -m kgen build "${@:2}" --arch sm_90 --compile --jobs 8 --out "/tmp/k-$1") \
       > "$R/build-$1.log" 2>&1
 }
-variant registers qk_norm_rope qk_norm_rope_flux rmsnorm rope rope_flux qk_norm_rope_wan rope_wan
+variant registers qk_norm_rope rope rmsnorm $ROTARY
 done_ "build registers" $?
 variant chunks rope qk_norm_rope &
 variant bounds rope qk_norm_rope &
-# 1. registers.patch: the fused q/k norm kernels' tests on its build (a new weight-gradient partition), then timed
-#    against main's
+# 1. registers.patch: the rotary tests on its build (a new weight-gradient partition in the fused q/k norm
+#    kernels' backward), then qk_norm_rope, qk_norm_rope_flux and rope timed against main's
 (cd /tmp/registers && PYTHONPATH="/tmp/registers:/tmp/site" KGEN_TEST_BUILD_ROOT=/tmp/k-registers timeout 300 \
-    python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs tests/test_rotary_norm_gpu.py) > "$R/t-registers.log" 2>&1
+    python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs tests/test_rotary_norm_gpu.py tests/test_rotary_gpu.py) \
+    > "$R/t-registers.log" 2>&1
 done_ "registers tests" $?
-timeout 200 python3 scripts/variants.py /tmp/kb /tmp/k-registers qk_norm_rope qk_norm_rope_flux > "$R/variants-registers.log" 2>&1
+timeout 240 python3 scripts/variants.py /tmp/kb /tmp/k-registers qk_norm_rope qk_norm_rope_flux rope \
+    > "$R/variants-registers.log" 2>&1
 done_ "variants registers" $?
 # 2. Flux.1 with the blocks' residual adds handed on to the next norm: the integration's GPU tests, then end to end
 KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 300 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs \
