@@ -38,10 +38,8 @@ KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 300 python3 -m pytest -m gpu -p no:cachepro
 done_ "flux tests" $?
 timeout 420 python3 -m kgen bench --e2e flux --repeats 10 --out "$R/after" --build-dir /tmp/kb > "$R/flux.log" 2>&1
 done_ "e2e flux" $?
-# 3. Qwen3-8B prefill and decode: before (kgen's unfused RMSNorm, transformers' rotation) and after (both
-#    fusions), with the kernel tables
-timeout 420 python3 "$HERE/before.py" "$R/before" /tmp/kb > "$R/before.log" 2>&1
-done_ "qwen3 before" $?
+# 3. Qwen3-8B prefill and decode with both fusions (the decoder layers' residual adds, the q/k norms with the
+#    rotation), with the kernel tables; the same before the fusions comes in 5
 timeout 540 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build-dir /tmp/kb > "$R/after.log" 2>&1
 done_ "e2e qwen3" $?
 # 4. the derived backwards a run has not reached yet
@@ -51,16 +49,19 @@ done_ "rotary backward tests" $?
 KGEN_TEST_BUILD_ROOT=/tmp/kb timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -k fused_add_rmsnorm \
     tests/test_backward_gpu.py > "$R/t-fused-add-backward.log" 2>&1
 done_ "fused_add_rmsnorm backward tests" $?
-# 5. the other two launcher variants, each measured against main's in one process
+# 5. Qwen3-8B before the fusions (kgen's unfused RMSNorm, transformers' rotation): the before of 3
+timeout 420 python3 "$HERE/before.py" "$R/before" /tmp/kb > "$R/before.log" 2>&1
+done_ "qwen3 before" $?
+# 6. the other two launcher variants, each measured against main's in one process
 wait
 for v in chunks bounds; do
   timeout 200 python3 scripts/variants.py /tmp/kb "/tmp/k-$v" rope qk_norm_rope > "$R/variants-$v.log" 2>&1
   done_ "variants $v" $?
 done
-# 6. Nsight Compute's counters at the suite shapes of qk_norm_rope and rope, main's kernels
+# 7. Nsight Compute's counters at the suite shapes of qk_norm_rope and rope, main's kernels
 timeout 240 python3 scripts/ncu_counters.py qk_norm_rope rope --build-dir /tmp/kb --out "$R/ncu.md" > "$R/ncu.log" 2>&1
 done_ ncu $?
-# 7. the training steps (compare with ../e2e-qwen3-train.md; wan-train never ran on a GPU) and Qwen3 under
+# 8. the training steps (compare with ../e2e-qwen3-train.md; wan-train never ran on a GPU) and Qwen3 under
 #    CUDA graphs
 timeout 420 python3 -m kgen bench --e2e qwen3-train --out "$R/after" --build-dir /tmp/kb > "$R/train.log" 2>&1
 done_ "e2e qwen3-train" $?
