@@ -24,12 +24,12 @@ done_ "build registers" $?
 variant chunks rope qk_norm_rope &
 variant bounds rope qk_norm_rope &
 # 1. registers.patch: the rotary tests on its build (a new weight-gradient partition in the fused q/k norm
-#    kernels' backward), then qk_norm_rope, qk_norm_rope_flux and rope timed against main's
+#    kernels' backward), then the ops whose registers it changes timed against main's
 (cd /tmp/registers && PYTHONPATH="/tmp/registers:/tmp/site" KGEN_TEST_BUILD_ROOT=/tmp/k-registers timeout 300 \
     python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs tests/test_rotary_norm_gpu.py tests/test_rotary_gpu.py) \
     > "$R/t-registers.log" 2>&1
 done_ "registers tests" $?
-timeout 240 python3 scripts/variants.py /tmp/kb /tmp/k-registers qk_norm_rope qk_norm_rope_flux rope \
+timeout 300 python3 scripts/variants.py /tmp/kb /tmp/k-registers qk_norm_rope qk_norm_rope_flux rope rope_interleaved qk_norm_rope_wan \
     > "$R/variants-registers.log" 2>&1
 done_ "variants registers" $?
 # 2. Flux.1 with the blocks' residual adds handed on to the next norm: the integration's GPU tests, then end to end
