@@ -1,7 +1,8 @@
 """Two builds of the same ops timed against each other in one process: each op's forward and derived backward
 (called directly, no autograd) at its suite shapes (or only the largest), the two builds interleaved with kgen
 bench's timer (CUDA events, L2 flushed, median of 100 runs, 3 interleaved rounds), beside a same-size copy;
-their outputs compared bitwise. For a planner or template change measured before it lands: build the ops
+their outputs compared bitwise (a differing output named, with its largest difference relative to the
+base output's largest magnitude). For a planner or template change measured before it lands: build the ops
 from each tree (`kgen build OPS --arch sm_90 --compile --out DIR`), then
 
 python3 scripts/variants.py BASE NEW OP... [--largest]
@@ -31,6 +32,17 @@ def main() -> None:
     from kgen.bench import Timer, example_inputs
     from kgen.builder import device_arch, load
     from kgen.catalog import backward_spec, load_spec, suite
+
+    def differences(spec, base, new) -> str:
+        """ "yes" where every output is bitwise the base build's, else each differing output with its largest
+        difference relative to the base output's largest magnitude."""
+
+        def relative(a, b) -> float:
+            return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+        names = [t.name for t in spec.outputs]
+        differ = [f"{n} ({relative(a, b):.1e})" for n, a, b in zip(names, new, base) if not torch.equal(a, b)]
+        return "yes" if not differ else "no: " + ", ".join(differ)
 
     def traffic(tensors) -> int:
         return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
@@ -67,7 +79,7 @@ def main() -> None:
                 fns = {v: (lambda f=f: f(*inputs, *params)) for v, f in ops.items()}
                 outs = {v: fn() for v, fn in fns.items()}
                 as_tuple = {v: o if isinstance(o, (tuple, list)) else (o,) for v, o in outs.items()}
-                same = all(torch.equal(a, b) for a, b in zip(as_tuple["base"], as_tuple["new"]))
+                same = differences(spec, as_tuple["base"], as_tuple["new"])
                 moved = traffic(inputs) + traffic(as_tuple["new"])
                 med = {v: statistics.median(t) for v, t in timer.rounds_us(fns, 3).items()}
                 copy = timer.copy_us(moved)
