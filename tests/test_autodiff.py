@@ -418,6 +418,8 @@ def test_a_project_holds_its_backward():
     assert "a block never takes rows of two batches" in kernel and "int64_t groups" in kernel
     rmsnorm = render_target(resolve_target("rmsnorm", "sm_90"))
     assert "has_backward: bool = True" in rmsnorm["torch-ext/rmsnorm_sm90/layers.py"]
+    # the card's Layers section says what the layers say
+    assert "`has_backward = True`)" in rmsnorm["CARD.md"] and "has_backward = False" not in rmsnorm["CARD.md"]
     assert "rmsnorm_cuda/rmsnorm_backward.cu" in rmsnorm  # a column reduction: dx and dweight
     assert "column_sum_kernel" in rmsnorm["rmsnorm_cuda/rmsnorm_backward.cu"]
 
