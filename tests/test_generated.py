@@ -107,6 +107,22 @@ def test_hub_rules(target):
     assert "kernel-builder.lib.genKernelFlakeOutputs" in files["flake.nix"]
 
 
+def test_the_card_says_what_the_binding_serves():
+    """CARD.md's head sizes of a fused q/k norm are the ones its binding takes in each dtype (lanes_fit: the
+    integrations' copy of that check), a rotary op's outputs keep their input's layout, a row op's are
+    contiguous."""
+    from kgen.integrations._rotary_fit import lanes_fit
+
+    for op, half in (("qk_norm_rope", True), ("qk_norm_rope_flux", False)):
+        card = render_target(resolve_target(op, "sm_90"))["CARD.md"]
+        for dtype, size in (("float32", 4), ("float16", 2), ("bfloat16", 2)):
+            served = [d for d in range(1, 4097) if lanes_fit(d, size, half_pairs=half)]
+            assert f"{served[0]} · 2^k up to {served[-1]} in {dtype}" in card, (op, dtype)
+    rope, rmsnorm = (render_target(resolve_target(op, "sm_90"))["CARD.md"] for op in ("rope", "rmsnorm"))
+    assert "A rotated output keeps its input's layout" in rope and "Outputs are contiguous." not in rope
+    assert "Outputs are contiguous." in rmsnorm and "new contiguous tensors" not in rope
+
+
 def check_python_rules(source: str, python_name: str) -> None:
     tree_ = ast.parse(source)
     for node in ast.walk(tree_):
