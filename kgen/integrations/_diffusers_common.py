@@ -19,6 +19,17 @@ class Pending(NamedTuple):
     gate: Any
 
 
+def unpacked(x) -> tuple:
+    """A block's input as plain tensors, what a checkpoint function saves: a `Pending` add's three, or
+    (x, None, None)."""
+    return tuple(x) if isinstance(x, Pending) else (x, None, None)
+
+
+def packed(hidden, ff, gate):
+    """`unpacked`'s inverse: the tensor, or the `Pending` add."""
+    return hidden if ff is None else Pending(hidden, ff, gate)
+
+
 def refuse_hooks(model, name: str) -> None:
     """Refuses ``model`` (named ``name`` in the message) when accelerate's or diffusers' hooks wrap any of its
     modules: they hold the forwards a patch would replace."""

@@ -31,7 +31,7 @@ import math
 from types import MethodType
 
 from ..errors import KgenError
-from ._diffusers_common import Pending, gelu_forward, refuse_hooks, rms_forward
+from ._diffusers_common import Pending, gelu_forward, packed, refuse_hooks, rms_forward, unpacked
 from ._flux_attention import Attention, positions_forward
 
 OPS = (
@@ -168,7 +168,7 @@ def _zero_norm(kernels):
         Returns the normalized tensor, the residual stream (x, or the add made) and the other chunks."""
         activated = module.silu(emb)
         if chunks == 2:  # AdaLayerNormContinuous casts to x's dtype
-            activated = activated.to((x.hidden if isinstance(x, Pending) else x).dtype)
+            activated = activated.to(unpacked(x)[0].dtype)
         first, second, *rest = module.linear(activated).chunk(chunks, dim=1)
         shift, scale = (second, first) if chunks == 2 else (first, second)
         scale, shift, eps = scale[:, None], shift[:, None], module.norm.eps
@@ -264,23 +264,15 @@ def _settle(x, clip: bool = False):
     return made.clip(-65504, 65504) if clip else made
 
 
-def _parts(x) -> tuple:
-    return tuple(x) if isinstance(x, Pending) else (x, None, None)
-
-
-def _pending(hidden, ff, gate):
-    return hidden if ff is None else Pending(hidden, ff, gate)
-
-
 def _double_step(block, *args) -> tuple:
     """A double block on plain tensors (each stream's pending add unpacked, the image's first): what a
     checkpoint function, reentrant or not, saves, runs again and differentiates."""
-    text, image = block(_pending(*args[:3]), _pending(*args[3:6]), *args[6:])
+    text, image = block(packed(*args[:3]), packed(*args[3:6]), *args[6:])
     return (*image, *text)
 
 
 def _single_step(block, hidden, ff, gate, *args) -> tuple:
-    return tuple(block(_pending(hidden, ff, gate), *args))
+    return tuple(block(packed(hidden, ff, gate), *args))
 
 
 def _sample(samples, index: int, blocks: int, repeat: bool = False):
@@ -327,7 +319,7 @@ def _model_forward(norm):
         for index, block in enumerate(self.transformer_blocks):
             if step:
                 run = functools.partial(_double_step, block)
-                parts = step(run, *_parts(image), *_parts(text), temb, rotary, joint_attention_kwargs)
+                parts = step(run, *unpacked(image), *unpacked(text), temb, rotary, joint_attention_kwargs)
                 image, text = Pending(*parts[:3]), Pending(*parts[3:])
             else:
                 text, image = block(image, text, temb, rotary, joint_attention_kwargs)
@@ -338,13 +330,13 @@ def _model_forward(norm):
                 image = _settle(image) + sample
         split = 0
         if self.single_transformer_blocks:  # the joint stream, text first, from here to norm_out
-            split = (text.hidden if isinstance(text, Pending) else text).shape[1]
+            split = unpacked(text)[0].shape[1]
             image = torch.cat([_settle(text), _settle(image)], dim=1)
         blocks = len(self.single_transformer_blocks)
         for index, block in enumerate(self.single_transformer_blocks):
             if step:
                 run = functools.partial(_single_step, block)
-                image = Pending(*step(run, *_parts(image), temb, rotary, joint_attention_kwargs))
+                image = Pending(*step(run, *unpacked(image), temb, rotary, joint_attention_kwargs))
             else:
                 image = block(image, temb, rotary, joint_attention_kwargs)
             if clip:

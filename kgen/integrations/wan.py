@@ -38,7 +38,15 @@ from types import MethodType
 from typing import NamedTuple
 
 from ..errors import KgenError
-from ._diffusers_common import Pending, fuses_qk_norms, gelu_forward, refuse_hooks, rms_forward
+from ._diffusers_common import (
+    Pending,
+    fuses_qk_norms,
+    gelu_forward,
+    packed,
+    refuse_hooks,
+    rms_forward,
+    unpacked,
+)
 
 OPS = (
     "adaln_layernorm_fp32",
@@ -256,8 +264,7 @@ def _block_forward(kernels):
 def _block_step(block, hidden, ff, gate, encoder_hidden_states, temb, grid) -> tuple:
     """One block on plain tensors, the pending add it takes and the one it returns unpacked: what a checkpoint
     function, reentrant or not, saves, runs again and differentiates."""
-    before = hidden if ff is None else Pending(hidden, ff, gate)
-    return tuple(block(before, encoder_hidden_states, temb, grid))
+    return tuple(block(packed(hidden, ff, gate), encoder_hidden_states, temb, grid))
 
 
 def _model_forward(kernels):
@@ -295,10 +302,11 @@ def _model_forward(kernels):
         checkpointing = torch.is_grad_enabled() and self.gradient_checkpointing
         for block in self.blocks:
             if checkpointing:
-                parts = hidden_states if isinstance(hidden_states, Pending) else (hidden_states, None, None)
                 step = functools.partial(_block_step, block)
                 hidden_states = Pending(
-                    *self._gradient_checkpointing_func(step, *parts, encoder_hidden_states, projected, grid)
+                    *self._gradient_checkpointing_func(
+                        step, *unpacked(hidden_states), encoder_hidden_states, projected, grid
+                    )
                 )
             else:
                 hidden_states = block(hidden_states, encoder_hidden_states, projected, grid)
