@@ -131,6 +131,33 @@ def test_rotary_heads_in_flight(op, heads):
 
 
 @pytest.mark.parametrize(
+    "op, arch, blocks",
+    [
+        ("rope", "sm_90", 4),
+        ("qk_norm_rope", "sm_90", 4),
+        ("qk_norm_rope_backward", "sm_90", 1),
+        ("rope", "sm_80", 1),
+    ],
+)
+def test_rotary_resident_blocks(op, arch, blocks):
+    """The resident blocks a rotary kernel asks of the compiler are the profile's forward_blocks_per_sm, for a
+    forward or a backward without a norm; a backward through the norm asks nothing (it would spill)."""
+    from kgen.builder import render_target
+    from kgen.catalog import backward_spec
+    from kgen.project import resolve_target
+
+    forward = op.removesuffix("_backward")
+    spec = backward_spec(forward) if op != forward else load_spec(op)
+    plan = plan_kernel(spec, load_profile(arch), "bfloat16")
+    assert plan.resident_blocks == blocks
+    assert ("registers" in plan.notes) == (blocks > 1)
+    source = render_target(resolve_target(forward, arch))[f"{forward}_cuda/{op}.cu"]
+    bounds = [line for line in source.splitlines() if line.startswith("__global__ void __launch_bounds__")]
+    asked = [line for line in bounds if f"? {blocks} : 1)" in line]
+    assert bool(asked) == (blocks > 1) and len(bounds) >= 1
+
+
+@pytest.mark.parametrize(
     "shape, grid, why, held, block",
     [
         (

@@ -160,11 +160,15 @@ class RotaryFacts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # by pairing; head_norm: with a norm over each head (its weights read per head)
     heads_in_flight: dict[Literal["interleaved", "half", "head_norm"], int] = Field(min_length=3)
+    # resident blocks of block_threads an SM a forward kernel asks of the compiler (__launch_bounds__) on its
+    # bf16 / fp32 vector path with 32-bit indices; 1 asks nothing
+    forward_blocks_per_sm: int = Field(ge=1)
 
 
 @dataclass(frozen=True)
 class RotaryPlan(KernelPlan):
     heads_in_flight: int  # heads a thread loads before it stores the first
+    resident_blocks: int  # resident blocks an SM asked of the compiler (forward vector path; 1: none asked)
     wave_threads: int  # one full wave: the grid stops there, threads walking tokens
     partial_threads: int  # a backward's weight-gradient partition (a norm over a token): threads at most
     held_elems: int  # ... its elements of each tensor a thread holds per token (held_kernel)
@@ -180,6 +184,7 @@ class RotaryContext(FamilyContext):
     table_float32: bool
     heads_expr: list[str]
     heads_in_flight: int
+    resident_blocks: int
     norm: NormCode | None
     rotated_outputs: list[Tensor]  # one per rotated tensor (the outputs, or a backward's input gradients)
     norm_inputs: list[Tensor]  # a backward through the norm: the forward's rotated inputs, read again
@@ -206,7 +211,10 @@ class RotaryFamily(Family):
         tuned = tuning.threads(spec.name, dtype, None) if tuning else None
         threads = tuned[0] if tuned else profile.planner.block_threads
         per_head_norm = spec.structure.norm is not None and spec.structure.norm.over == "head"
-        heads = self.check_facts(profile).heads_in_flight["head_norm" if per_head_norm else pairing]
+        facts = self.check_facts(profile)
+        heads = facts.heads_in_flight["head_norm" if per_head_norm else pairing]
+        # a backward through the norm keeps what it needs: the fused q/k norm's (118 registers) would spill
+        resident_blocks = facts.forward_blocks_per_sm if spec.structure.norm_inputs is None else 1
         reasons = {
             "threads_per_row": (tuned[1] + " (threads per block)")
             if tuned
@@ -244,9 +252,22 @@ class RotaryFamily(Family):
             )
             + " (profile planner.rotary.heads_in_flight)",
         }
+        if resident_blocks > 1:
+            most = profile.registers_per_sm // (resident_blocks * threads)
+            notes["registers"] = (
+                f"the vector path with 32-bit indices, bfloat16 and float32: {resident_blocks} blocks an SM "
+                f"asked of the compiler (≤ {most} registers "
+                "a thread; profile planner.rotary.forward_blocks_per_sm); float16 and the other paths keep "
+                "what they need"
+            )
         partial_threads = profile.sm_count * profile.family_facts("column_reduce")["resident_threads_per_sm"]
         if norm := spec.structure.norm:
             notes |= norm.notes(spec.structure.norm_inputs is not None, partial_threads)
+        if spec.structure.tables and pairing == "half":
+            notes["tables"] = (
+                "a token's cos and sin at the thread's channels held as loaded (16-bit elements two to a "
+                "register), converted per head: fewer registers, more resident blocks (ptxas)"
+            )
         if grid := spec.structure.grid:
             why = "as the matched library's float64 tables" if grid.precision == "float64" else "the default"
             notes["angles"] = (
@@ -265,6 +286,7 @@ class RotaryFamily(Family):
             buckets,
             notes,
             heads,
+            resident_blocks,
             profile.sm_count * profile.max_threads_per_sm,
             partial_threads,
             40,  # 5 heads of 8 16-bit elements: 127 registers (bench/results/qk-norm-wan-backward-2026-12-04)
@@ -288,6 +310,8 @@ class RotaryFamily(Family):
             ("storage", "none", b.reasons["storage"]),
             ("heads in flight", str(kernel.heads_in_flight), kernel.notes["heads in flight"]),
         ]
+        if "registers" in kernel.notes:
+            choices.append(("resident blocks", f"{kernel.resident_blocks} an SM", kernel.notes["registers"]))
         if "norm" in kernel.notes:
             choices.append(("norm", f"over a {spec.structure.norm.over}", kernel.notes["norm"]))
         if "angles" in kernel.notes:
@@ -348,7 +372,13 @@ class RotaryFamily(Family):
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
         per = -(-total // chunks)
-        step = groups // math.gcd(groups, threads)  # the thread count a multiple of groups
+        # a head norm's backward with two weights: chunks within one tensor's heads, each thread keeping its
+        # chunk (the thread count a multiple of groups × chunks), so its weight shares are of one weight
+        split = not by_token and spec.structure.norm_inputs is not None and len(heads) > 1
+        if split:
+            chunks = sum(-(-h // per) for h in heads)
+        keep = groups * (chunks if split else 1)
+        step = keep // math.gcd(keep, threads)  # the thread count a multiple of keep
         blocks = min(-(-batch * tokens * groups * chunks // threads), wave // threads)
         blocks = -(-blocks // step) * step  # (far below gridDim.x's limit: at most a wave)
         items = batch * tokens * groups * chunks
@@ -360,7 +390,9 @@ class RotaryFamily(Family):
             + f" = {items} threads, in blocks of {threads}; at most one full wave ({wave // threads} blocks: "
             f"{wave} threads), threads walking tokens"
         )
-        if (empty := chunks - -(-total // per)) > 0:
+        if split:
+            why += "; no chunk straddles two tensors' heads, a thread keeps its chunk"
+        elif (empty := chunks - -(-total // per)) > 0:
             why += f"; {empty} chunk{'s' if empty > 1 else ''} of no head (their threads idle)"
         if (rounds := -(-items // (blocks * threads))) > 1:
             why += f"; a thread walks ≤ {rounds} (token, chunk) items"
@@ -490,6 +522,7 @@ class RotaryFamily(Family):
             table_float32=any(t.dtype == "float32" for t in tables),
             heads_expr=[f"args.{t.name}_heads" for t in rotated],
             heads_in_flight=plans[0].heads_in_flight,
+            resident_blocks=plans[0].resident_blocks,
             norm=norm,
             rotated_outputs=spec.outputs[: len(rotated)],
             norm_inputs=norm_inputs,

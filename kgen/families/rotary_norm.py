@@ -114,10 +114,10 @@ class RotaryNorm(_Model):
             notes["norm"] = "each token's statistic and backward sum: see weight gradients"
         if backward and self.over == "head":
             notes["weight gradients"] = (
-                "each thread adds its channels' shares over the heads and tokens it walks (fp32 "
-                "registers); a block adds its threads' in thread order into one fp32 partial row per weight, "
-                "and a second kernel adds the rows in block order, rounding once: deterministic, no atomics, "
-                "at most one full wave of partial rows whatever the row count"
+                "each thread adds its channels' shares of one weight over the heads and tokens it walks "
+                "(fp32 registers: it keeps one chunk of one tensor's heads); a block adds its threads' in "
+                "thread order into one fp32 partial row per weight, and a second kernel adds the rows in "
+                "block order, rounding once: deterministic, no atomics, at most one full wave of partial rows"
             )
         elif backward:
             notes["weight gradients"] = (

@@ -10,7 +10,8 @@
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 1 head in flight per thread with a norm over each head (profile planner.rotary.heads_in_flight)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
-//   weight gradients: each thread adds its channels' shares over the heads and tokens it walks (fp32 registers); a block adds its threads' in thread order into one fp32 partial row per weight, and a second kernel adds the rows in block order, rounding once: deterministic, no atomics, at most one full wave of partial rows whatever the row count
+//   weight gradients: each thread adds its channels' shares of one weight over the heads and tokens it walks (fp32 registers: it keeps one chunk of one tensor's heads); a block adds its threads' in thread order into one fp32 partial row per weight, and a second kernel adds the rows in block order, rounding once: deterministic, no atomics, at most one full wave of partial rows
+//   tables: a token's cos and sin at the thread's channels held as loaded (16-bit elements two to a register), converted per head: fewer registers, more resident blocks (ptxas)
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
 //   bfloat16: 8 elem/access, 8 elem/access; 256 threads/block
@@ -272,26 +273,26 @@ qk_norm_rope_backward_kernel(const QkNormRopeBackwardArgs args, Index chunks, In
     return static_cast<const T*>(args.k_weight) + c0;
   };
   // this thread's shares of the weights' gradients at its channels, over the heads and tokens it walks: per weight
-  constexpr int kShares = kWeights;
+  constexpr int kShares = 1;
   float shares_of[kShares][kCos] = {};
+  // the chunks of the first tensor's heads; this thread's chunk, (g / groups) mod chunks, is the same for every
+  // slot it walks (the launcher makes the thread count a multiple of groups × chunks), and so is its weight
+  const Index first_chunks = ceil_div(Index(args.grad_out_heads), heads_per_thread);
   for (Index slot = g / groups; slot < slots; slot += slot_stride) {
     const Index chunk = chunks == 1 ? 0 : slot % chunks;
     const Index token = chunks == 1 ? slot : slot / chunks;
     const Index b = token / Index(args.tokens), t = token - b * Index(args.tokens);
-    float cos_f[kCos], sin_f[kCos];
+    // this token's cos and sin at the thread's channels, as loaded (16-bit elements two to a register): converted
+    // per head, where they are used
+    Pack<TT, ELEMS> cos_p[kHalfPairs ? 2 : 1], sin_p[kHalfPairs ? 2 : 1];
     {
       const TT* cos_row = static_cast<const TT*>(args.cos) + int64_t(b) * args.cos_batch_stride + int64_t(t) * args.cos_token_stride;
       const TT* sin_row = static_cast<const TT*>(args.sin) + int64_t(b) * args.sin_batch_stride + int64_t(t) * args.sin_token_stride;
-      float part[ELEMS];
 #pragma unroll
       for (int half = 0; half < (kHalfPairs ? 2 : 1); ++half) {
-        const int64_t c = c0 + half * (args.hidden / 2);
-        load_floats<ELEMS, VEC>(cos_row + c, part);
-#pragma unroll
-        for (int j = 0; j < ELEMS; ++j) cos_f[half * ELEMS + j] = part[j];
-        load_floats<ELEMS, VEC>(sin_row + c, part);
-#pragma unroll
-        for (int j = 0; j < ELEMS; ++j) sin_f[half * ELEMS + j] = part[j];
+        const int64_t c = c0 + half * (args.hidden / 2);  // (as one offset: 24 more registers otherwise, nvcc 13.0)
+        cos_p[half] = load_pack<ELEMS, VEC>(cos_row + c);
+        sin_p[half] = load_pack<ELEMS, VEC>(sin_row + c);
       }
     }
     // Where head h of the rotated tensors lives: x's heads first, then k's.
@@ -316,6 +317,12 @@ qk_norm_rope_backward_kernel(const QkNormRopeBackwardArgs args, Index chunks, In
     // The backward of head h: v holds the incoming gradient; rotated by -θ it is dn, the gradient reaching the
     // normed values (first: a head of the first rotated tensor).
     auto to_normed = [&](bool first, const float (&v)[kCos], float (&dn)[kCos]) {
+      float cos_f[kCos], sin_f[kCos];
+#pragma unroll
+      for (int half = 0; half < (kHalfPairs ? 2 : 1); ++half) {
+        unpack(cos_p[half], cos_f + half * ELEMS);
+        unpack(sin_p[half], sin_f + half * ELEMS);
+      }
 #pragma unroll
       for (int j = 0; j < kCos; ++j) {
         const int partner = kHalfPairs ? (j + ELEMS) % (2 * ELEMS) : (j ^ 1);
@@ -355,14 +362,16 @@ qk_norm_rope_backward_kernel(const QkNormRopeBackwardArgs args, Index chunks, In
       for (int j = 0; j < kCos; ++j) {
         r[j] = Norm::template gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
         const float share = Norm::template weight_gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
-        if (first) shares_of[0][j] += share; else shares_of[1][j] += share;
+        shares_of[0][j] += share;
       }
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
       if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
     };
-    const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
-    Index head = chunk * heads_per_thread;
+    // the first tensor's heads in chunks [0, first_chunks), the second's in the others: none straddles the two
+    const bool second = chunk >= first_chunks;
+    Index head = second ? Index(args.grad_out_heads) + (chunk - first_chunks) * heads_per_thread : chunk * heads_per_thread;
+    const Index head_end = min(second ? total_heads : Index(args.grad_out_heads), head + heads_per_thread);
     // one head in flight: fewer registers, more resident warps (loading the next head before this one's math
     // cost a block per SM and 4-10 % at Flux's and Llama's shapes: bench/results/rotary-prefetch-2026-12-04)
     for (; head < head_end; ++head) {
@@ -372,29 +381,28 @@ qk_norm_rope_backward_kernel(const QkNormRopeBackwardArgs args, Index chunks, In
     }
   }
   // The block's partial row of the weights' gradients (a weight's channels, then the next weight's): a column
-  // adds the shares of the block's threads holding it, in thread order (thread g holds channel group
-  // g mod groups); one row per block, summed by weight_sum_kernel.
+  // adds the shares of the block's threads holding it, in thread order, over its weight's chunks in order (thread
+  // g holds channel group g mod groups of chunk (g / groups) mod chunks); one row per block, summed by
+  // weight_sum_kernel.
   const int64_t row = kWeights * args.hidden;
-  const Index period = groups;
+  const Index period = groups * chunks;
   __shared__ float shares[BLOCK_THREADS][kCos];
 #pragma unroll
-  for (int s = 0; s < kShares; ++s) {
-#pragma unroll
-    for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = shares_of[s][j];
-    __syncthreads();
-    for (int64_t col = threadIdx.x; col < args.hidden; col += BLOCK_THREADS) {
-      const int64_t c = col % args.hidden;
-      const int64_t h = s;  // share s: weight s
-      const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
-      const int64_t at = second_half ? c - args.hidden / 2 : c;
-      const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
-      const Index holds = Index(at / ELEMS);  // g mod period of the threads holding it
-      float total = 0.0f;
+  for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = shares_of[0][j];
+  __syncthreads();
+  for (int64_t col = threadIdx.x; col < row; col += BLOCK_THREADS) {
+    const int64_t c = col % args.hidden;
+    const bool of_second = col >= args.hidden;  // the second weight's column
+    const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
+    const int64_t at = second_half ? c - args.hidden / 2 : c;
+    const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
+    float total = 0.0f;
+    for (Index ch = of_second ? first_chunks : 0; ch < (of_second ? chunks : first_chunks); ++ch) {
+      const Index holds = ch * groups + Index(at / ELEMS);  // g mod period of the threads holding it
       for (Index lane = (holds + period - Index(blockIdx.x) * BLOCK_THREADS % period) % period; lane < BLOCK_THREADS; lane += period)
         total += shares[lane][j];
-      partials[int64_t(blockIdx.x) * row + h * args.hidden + c] = total;
     }
-    __syncthreads();  // the shares are written again for the next one
+    partials[int64_t(blockIdx.x) * row + col] = total;
   }
 }
 
@@ -420,11 +428,13 @@ cudaError_t launch_config(const QkNormRopeBackwardArgs& args, const Params& para
   const int64_t total_heads = args.grad_out_heads + args.grad_k_out_heads;
   // the norm sums across the lanes of a head with warp shuffles: a power of two up to a warp (the binding checks)
   if (groups > 32 || (groups & (groups - 1)) != 0) return cudaErrorInvalidValue;
-  const int64_t chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
-  const int64_t heads_per_thread = ceil_div(total_heads, chunks);
+  // heads per thread as for one full wave, then chunks that never straddle the two tensors' heads
+  const int64_t heads_per_thread = ceil_div(total_heads, std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head))));
+  const int64_t chunks = ceil_div<int64_t>(args.grad_out_heads, heads_per_thread) + ceil_div<int64_t>(args.grad_k_out_heads, heads_per_thread);
   // At most one full wave of blocks, each thread then walking several tokens; the thread count a
-  // multiple of groups, so that every thread keeps its channel group.
-  const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
+  // multiple of groups × chunks, so that every thread keeps its channel group and chunk.
+  const int64_t keep = groups * chunks;
+  const int64_t step = keep / std::gcd(keep, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
   int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
   // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits

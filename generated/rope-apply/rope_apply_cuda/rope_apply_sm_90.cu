@@ -9,6 +9,7 @@
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded until their math (profile planner.rotary.heads_in_flight)
+//   registers: the vector path with 32-bit indices, bfloat16 and float32: 4 blocks an SM asked of the compiler (≤ 64 registers a thread; profile planner.rotary.forward_blocks_per_sm); float16 and the other paths keep what they need
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
 //   float16: 8 elem/access, 2 elem/access; 256 threads/block
 //   bfloat16: 8 elem/access, 2 elem/access; 256 threads/block
@@ -156,7 +157,9 @@ __device__ __forceinline__ void unpack(const Pack<S, ELEMS>& p, float* out) {
 // heads, then k's), two heads in flight. Index is 32-bit when every count fits.
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS, typename Index>
-__global__ void __launch_bounds__(BLOCK_THREADS, 1)
+// 4 resident blocks an SM asked for on the vector path with 32-bit indices (the plan's resident blocks);
+// float16's path and the others keep what they need
+__global__ void __launch_bounds__(BLOCK_THREADS, VEC && sizeof(Index) == 4 && !std::is_same_v<T, __half> ? 4 : 1)
 rope_apply_kernel(const RopeApplyArgs args, Index chunks, Index heads_per_thread, Params params) {
   constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
   const Index groups = Index(args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS));
