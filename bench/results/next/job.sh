@@ -27,10 +27,6 @@ CHUNKS=$!
 #    compile 1.010 prefill, 0.971 decode), with the kernel tables; then decode as users run it, under CUDA graphs
 timeout 540 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build-dir /tmp/kb > "$R/qwen3.log" 2>&1
 done_ "e2e qwen3" $?
-# ... and whether attention runs slower on kgen's q/k layout (compile + kgen spent 0.77 ms more than compile in
-#    matmul + attention on the H100, eager + kgen 0.24 ms more than eager)
-timeout 240 python3 "$HERE/attention_layout.py" "$R/attention-layout.md" > "$R/attention-layout.log" 2>&1
-done_ "attention layout" $?
 timeout 420 python3 -m kgen bench --e2e qwen3 --graphs --out "$R/after" --build-dir /tmp/kb > "$R/graphs.log" 2>&1
 done_ "e2e qwen3 --graphs" $?
 # 2. qk_norm_rope_flux's backward ran 0.88x with the one-weight shares on an H100 (same grid, 110 -> 106
