@@ -32,6 +32,7 @@ METRICS = {  # metric -> (column, the factor from ncu's base unit: ns, bytes, co
     "launch__block_size": ("threads", 1),
     "smsp__inst_executed.sum": ("instructions (M)", 1e-6),
     "lts__t_sector_hit_rate.pct": ("L2 hit %", 1),
+    "l1tex__t_sector_hit_rate.pct": ("L1 hit %", 1),
 }
 
 
