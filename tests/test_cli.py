@@ -58,6 +58,17 @@ def test_explain_three_dim_shape_and_odd_hidden():
     assert "it fits the 40 MB L2 of sm_80" in small.output
 
 
+def test_explain_says_what_a_widened_row_holds():
+    """A row the launcher spreads over more threads than its configuration's holds fewer accesses a thread
+    than the configuration was sized for: explain says both (here 1 of 4), and only then."""
+    widened = run("explain", "rmsnorm", "--arch", "sm_90", "--shape", "64x4096")
+    text = " ".join(widened.output.replace("│", " ").split())
+    assert "spreads each row over 512 threads" in text
+    assert "1 × 16 B per thread at this row, of the configuration's 4 × 16 B per thread" in text
+    plain = run("explain", "rmsnorm", "--arch", "sm_90", "--shape", "8192x4096")
+    assert "at this row" not in plain.output and "4 × 16 B per thread" in plain.output
+
+
 def test_explain_the_derived_backward():
     """The backward's plan: the column reduction's partition and the bytes a backward must move (the saved
     residual_out and both incoming gradients read, x's gradient written once for residual too: 4 × 8192 ×

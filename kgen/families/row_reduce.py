@@ -416,6 +416,17 @@ class RowReduceFamily(RowsFamily):
         )
         return out
 
+    @staticmethod
+    def _held(bucket: Bucket, row_bytes: int, elem_bytes: int) -> str:
+        """The storage reason; for registers, with this row's accesses a thread where the configuration (sized
+        for its longest row) would hold more."""
+        access = bucket.elems_per_access * elem_bytes
+        held = -(-row_bytes // (access * bucket.threads_per_row))
+        if bucket.storage != "registers" or held >= bucket.max_accesses_per_thread:
+            return bucket.reasons["storage"]
+        rest = bucket.reasons["storage"].removeprefix("registers: ")
+        return f"registers: {held} × {access} B per thread at this row, of the configuration's {rest}"
+
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RowReducePlan, case: Case) -> RowLaunch:
         rows, hidden = case.rows, case.shape[-1]
         row_bytes = hidden * kernel.elem_bytes
@@ -456,7 +467,7 @@ class RowReduceFamily(RowsFamily):
                 if b.threads_per_row <= kernel.warp_size
                 else f"{b.threads_per_row // kernel.warp_size} warps per row exchange partial sums once",
             ),
-            ("row lives in", b.storage, b.reasons["storage"]),
+            ("row lives in", b.storage, self._held(b, row_bytes, kernel.elem_bytes)),
         ]
         if "columns" in b.reasons:
             waves = (
