@@ -59,6 +59,14 @@ class Rotary(Structure):
     # rotated tensors are the outputs' gradients, and the outputs the inputs' gradients, then the weights')
     norm_inputs: list[Identifier] | None = None
 
+    @property
+    def packed_tables(self) -> bool:  # rotate_half's tables held as loaded: 16-bit elements two to a register
+        return bool(self.tables) and self.pairing == "half"
+
+    @property
+    def split_shares(self) -> bool:  # a head norm's two weights: chunks in one tensor, one weight's shares
+        return self.norm_inputs is not None and self.norm.over == "head" and len(self.rotates) > 1
+
     dims = ("*rows hidden", COORDINATES, *WEIGHT_DIMS.values())
     # a backward through a norm: its weights' gradients, [D] or [H·D] (check says when)
     column_outputs = tuple(WEIGHT_DIMS.values())
@@ -185,6 +193,7 @@ class RotaryContext(FamilyContext):
     heads_expr: list[str]
     heads_in_flight: int
     resident_blocks: int
+    structure: Rotary  # its packed_tables and split_shares
     norm: NormCode | None
     rotated_outputs: list[Tensor]  # one per rotated tensor (the outputs, or a backward's input gradients)
     norm_inputs: list[Tensor]  # a backward through the norm: the forward's rotated inputs, read again
@@ -263,7 +272,7 @@ class RotaryFamily(Family):
         partial_threads = profile.sm_count * profile.family_facts("column_reduce")["resident_threads_per_sm"]
         if norm := spec.structure.norm:
             notes |= norm.notes(spec.structure.norm_inputs is not None, partial_threads)
-        if spec.structure.tables and pairing == "half":
+        if spec.structure.packed_tables:
             notes["tables"] = (
                 "a token's cos and sin at the thread's channels held as loaded (16-bit elements two to a "
                 "register), converted per head: fewer registers, more resident blocks (ptxas)"
@@ -372,10 +381,7 @@ class RotaryFamily(Family):
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
         per = -(-total // chunks)
-        # a head norm's backward with two weights: chunks within one tensor's heads, each thread keeping its
-        # chunk (the thread count a multiple of groups × chunks), so its weight shares are of one weight
-        split = not by_token and spec.structure.norm_inputs is not None and len(heads) > 1
-        if split:
+        if split := spec.structure.split_shares:  # a thread keeps its chunk: threads in groups × chunks
             chunks = sum(-(-h // per) for h in heads)
         keep = groups * (chunks if split else 1)
         step = keep // math.gcd(keep, threads)  # the thread count a multiple of keep
@@ -523,6 +529,7 @@ class RotaryFamily(Family):
             heads_expr=[f"args.{t.name}_heads" for t in rotated],
             heads_in_flight=plans[0].heads_in_flight,
             resident_blocks=plans[0].resident_blocks,
+            structure=structure,
             norm=norm,
             rotated_outputs=spec.outputs[: len(rotated)],
             norm_inputs=norm_inputs,
