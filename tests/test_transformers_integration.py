@@ -16,6 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from kgen.errors import KgenError  # noqa: E402
+from kgen.integrations import causal_mask  # noqa: E402
 from kgen.integrations.transformers import OPS, kernelize  # noqa: E402
 
 GPU = torch.cuda.is_available()
@@ -100,6 +101,12 @@ def qk_norms(model) -> dict[str, str]:
     }
 
 
+def causal_masks(model) -> dict[str, str]:
+    """What kernelize reports for the causal mask it leaves to SDPA's is_causal: every Qwen3Model ({} for
+    Llama)."""
+    return {n: causal_mask.SERVED for n, m in model.named_modules() if type(m).__name__ == "Qwen3Model"}
+
+
 def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
     """kgen's bf16 logits are as close to the fp32 model's as transformers' own bf16 logits are."""
     arch, calls = served_ops
@@ -123,6 +130,7 @@ def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
         **rotary,
         **fused,
         **qk,
+        **causal_masks(model),
     }
     assert len(qk) == (2 * len(mlps) if kind == "qwen3" else 0)
     before = calls.copy()
@@ -356,6 +364,50 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     assert (compiled - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
 
 
+def sdpa_masks(model, ids, **kwargs) -> list[tuple[bool, bool]]:
+    """(a mask given, is_causal) of every SDPA call in the graph dynamo traces of ``model(ids, **kwargs)``."""
+    found = []
+
+    def backend(gm, inputs):
+        calls = [n for n in gm.graph.nodes if "scaled_dot_product_attention" in str(n.target)]
+        found.extend((n.kwargs.get("attn_mask") is not None, n.kwargs.get("is_causal")) for n in calls)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, fullgraph=True)(ids, **kwargs)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_compiled_qwen3_attends_causally_without_a_mask(kind, served_ops, build_root):
+    """Under torch.compile a Qwen3 call with no attention mask, no position ids and no cache attends with
+    is_causal and no mask, as in eager (transformers alone materializes one: it cannot check the positions
+    for packing while tracing); a call with padding or its own positions keeps the model's mask; the logits
+    match eager's. Llama is not served (its model takes no prepared mask)."""
+    model = model_of(kind, SMALL if kind == "qwen3" else {k: v for k, v in SMALL.items() if k != "head_dim"})
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 16), device=DEVICE)
+    layers = model.config.num_hidden_layers
+    assert sdpa_masks(model, ids, use_cache=False) == [(True, False)] * layers
+    served = kernelize(model, OPS, arch=served_ops[0], root=build_root)
+    assert served.items() >= causal_masks(model).items() and len(causal_masks(model)) == (kind == "qwen3")
+    served_call = [(False, True)] if kind == "qwen3" else [(True, False)]
+    assert sdpa_masks(model, ids, use_cache=False) == served_call * layers
+    if kind == "qwen3":  # a fresh cache: transformers alone skips the mask there from torch 2.14 on
+        assert sdpa_masks(model, ids, use_cache=True) == served_call * layers
+    padded = torch.ones_like(ids)
+    padded[0, :3] = 0
+    positions = torch.arange(16, device=DEVICE)[None]
+    for given in (dict(attention_mask=padded), dict(position_ids=positions)):
+        assert sdpa_masks(model, ids, use_cache=False, **given) == [(True, False)] * layers
+    model.to(torch.bfloat16)
+    eager = logits(model, ids, torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)(ids).logits.double()
+    assert (compiled - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
+
+
 def test_a_training_step_compiles_whole(served_ops, build_root):
     """kernelize(mode=Mode.TRAINING): dynamo traces a training step's forward (the loss included) as one
     graph, kgen's layers and the q/k norms fused with the rotation inside it, kgen's rope nowhere;
@@ -420,9 +472,9 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
     eager = grads(copy.deepcopy(model).to(torch.bfloat16), ids, labels)
     kgen = copy.deepcopy(model).to(torch.bfloat16)
     served = kernelize(kgen, OPS + ("rope",) * rope, arch=arch, root=build_root, mode=Mode.TRAINING)
-    fused, qk = fused_norms(kgen), qk_norms(kgen)
-    assert served.items() >= (fused | qk).items()
-    assert set(served.values()) - set(fused.values()) - set(qk.values()) == {
+    fused, qk, masks = fused_norms(kgen), qk_norms(kgen), causal_masks(kgen)
+    assert served.items() >= (fused | qk | masks).items()
+    assert set(served.values()) - set((fused | qk | masks).values()) == {
         "rmsnorm.RMSNorm",
         "silu_mul.GatedMLP",
     } | ({"rope.RotaryPosEmb"} if rope else set())

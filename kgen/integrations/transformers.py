@@ -17,6 +17,7 @@ from ..builder import build_op, device_arch, load
 from ..catalog import load_spec
 from ..errors import KgenError
 from . import attention, decoder
+from .causal_mask import serve as serve_causal_mask
 
 # RMSNorm everywhere, each decoder layer's residual adds fused with the norms after them
 # (kgen.integrations.decoder), Qwen3's q/k norms fused with the rotary embedding (kgen.integrations.attention)
@@ -32,6 +33,7 @@ def kernelize(
     arch: str | None = None,
     root: Path = Path("generated"),
     mode=None,
+    causal_mask: bool = True,
     step: Callable[[str], None] = lambda _: None,
 ) -> dict[str, str]:
     """Replaces the forward of every module of ``model`` that a layer of ``ops`` replaces (and whose condition
@@ -46,6 +48,9 @@ def kernelize(
 
     An op of LOSSES ("cross_entropy") serves the model's loss_function instead (`causal_lm_loss`), reported
     as {"loss_function": ...}.
+
+    ``causal_mask``: a Qwen3 model's causal mask left to SDPA's is_causal under torch.compile as in eager
+    where the call makes that known (kgen.integrations.causal_mask), reported per Qwen3Model.
 
     A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts
     kernels' module for it in the function's place, as transformers does with the kernels versions it
@@ -114,6 +119,7 @@ def kernelize(
         | {path: layer for path, (function, layer) in functions.items() if _replaced(function)}
         | fused
         | losses
+        | (serve_causal_mask(model) if causal_mask else {})
     )
 
 
