@@ -219,16 +219,16 @@ def test_explain_an_odd_hidden_of_dense_tensors_takes_the_flat_path():
 
 def test_explain_counts_k_heads_and_gives_the_launchers_grid():
     """Qwen3's q [1, 32, 2048, 128] and k with 8 heads: 40 heads in chunks until the threads fill a wave, as
-    the generated launch_config splits them (17 chunks of 3: 3 with no head, and 278528 (token, chunk)
-    items for 270336 threads: some walk two); k's heads and its output's in the traffic (kgen bench counted
-    43.0 MB)."""
+    the generated launch_config splits them (as many chunks of ≤ 3 as hold a head: 14, where 17 would leave 3
+    empty and 278528 (token, chunk) items for a wave of 270336 threads, some walking two); k's heads and its
+    output's in the traffic (kgen bench counted 43.0 MB)."""
     result = run("explain", "qk_norm_rope", "--shape", "1x32x2048x128", "--k-heads", "8")
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "shape 1×32×2048×128 (k heads 8)" in text
-    assert "17 chunks of ≤ 3 of the 40 heads (32 + 8) = 278528 threads" in text, text
-    assert "3 chunks of no head" in text and "a thread walks ≤ 2 (token, chunk) items" in text
-    assert "grid | 1056 blocks |" in text
+    assert "14 chunks of ≤ 3 of the 40 heads (32 + 8) = 229376 threads" in text, text
+    assert "a thread walks" not in text and "at most one full wave (1056 blocks" in text
+    assert "grid | 896 blocks |" in text
     assert "minimum traffic: 42.99 MB" in text, text  # kgen bench's 43.0 MB
     decode = " ".join(
         run("explain", "qk_norm_rope", "--shape", "64x32x1x128", "--k-heads", "8").output.split()

@@ -383,6 +383,8 @@ class RotaryFamily(Family):
         per = -(-total // chunks)
         if split := spec.structure.split_shares:  # a thread keeps its chunk: threads in groups × chunks
             chunks = sum(-(-h // per) for h in heads)
+        else:  # as many chunks as hold a head
+            chunks = -(-total // per)
         keep = groups * (chunks if split else 1)
         step = keep // math.gcd(keep, threads)  # the thread count a multiple of keep
         blocks = min(-(-batch * tokens * groups * chunks // threads), wave // threads)
@@ -398,8 +400,6 @@ class RotaryFamily(Family):
         )
         if split:
             why += "; no chunk straddles two tensors' heads, a thread keeps its chunk"
-        elif (empty := chunks - -(-total // per)) > 0:
-            why += f"; {empty} chunk{'s' if empty > 1 else ''} of no head (their threads idle)"
         if (rounds := -(-items // (blocks * threads))) > 1:
             why += f"; a thread walks ≤ {rounds} (token, chunk) items"
         return blocks, why

@@ -326,7 +326,9 @@ cudaError_t launch_config(const Rope3DQkArgs& args, const Params& params, cudaSt
   const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
   const int64_t threads_per_head = args.batch * args.tokens * groups;
   const int64_t total_heads = args.x_heads + args.k_heads;
-  const int64_t chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
+  const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
+  // as many chunks as hold a head, no thread without one (e.g. 40 heads in 17 chunks of <= 3 leave 3 empty)
+  const int64_t chunks = ceil_div(total_heads, ceil_div(total_heads, wave_chunks));
   const int64_t heads_per_thread = ceil_div(total_heads, chunks);
   // At most one full wave of blocks, each thread then walking several tokens; the thread count a
   // multiple of groups, so that every thread keeps its channel group.
