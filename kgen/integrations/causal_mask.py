@@ -12,7 +12,9 @@ consecutive (0, 1, …), and nothing is packed. So for a call with no attention 
 cache (a fresh one made by the model, if any, is empty: the queries are the keys), a forward pre-hook on the
 model hands it the mask it would have made in eager, none, as a prepared mask mapping (Qwen3Model takes
 ``attention_mask`` as {layer type: mask}, as `generate` prepares it). Every other call is the model's own.
-Only models whose attention implementation is "sdpa" and that have no sliding-window layers."""
+Only models whose attention implementation is "sdpa" and that have no sliding-window layers. A caller that
+passes an attention mask (`generate`, a collator's all-ones mask) keeps the materialized one under compile:
+its values cannot be read while tracing, by transformers or here."""
 
 from __future__ import annotations
 
