@@ -123,7 +123,7 @@ ALLOWED = {
         "integrations.causal_mask",
         "integrations.decoder",
     },
-    "integrations.causal_mask": set(),
+    "integrations.causal_mask": {"integrations.decoder"},
     "integrations.decoder": set(),
     "integrations.attention": {"integrations._rotary_fit", "integrations.decoder"},
     "integrations._rotary_fit": set(),

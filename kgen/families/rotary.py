@@ -383,8 +383,8 @@ class RotaryFamily(Family):
         per = -(-total // chunks)
         if split := spec.structure.split_shares:  # a thread keeps its chunk: threads in groups × chunks
             chunks = sum(-(-h // per) for h in heads)
-        else:  # as many chunks as hold a head
-            chunks = -(-total // per)
+        else:  # as many chunks as hold a head, the heads spread evenly over them (the launcher's)
+            per = -(-total // (chunks := -(-total // per)))
         keep = groups * (chunks if split else 1)
         step = keep // math.gcd(keep, threads)  # the thread count a multiple of keep
         blocks = min(-(-batch * tokens * groups * chunks // threads), wave // threads)

@@ -18,6 +18,8 @@ its values cannot be read while tracing, by transformers or here."""
 
 from __future__ import annotations
 
+from .decoder import class_path
+
 CLASSES = {"transformers.models.qwen3.modeling_qwen3.Qwen3Model"}
 SERVED = "causal mask left to SDPA's is_causal without a mask, positions or cache (torch.compile too)"
 
@@ -26,7 +28,7 @@ def serve(model) -> dict[str, str]:
     """Hooks every Qwen3Model in ``model`` (once); returns {its name: SERVED}."""
     served = {}
     for name, module in model.named_modules():
-        if f"{type(module).__module__}.{type(module).__qualname__}" not in CLASSES:
+        if class_path(type(module)) not in CLASSES:
             continue
         if not getattr(module, "kgen_causal_mask", False):
             module.register_forward_pre_hook(_no_mask, with_kwargs=True)
