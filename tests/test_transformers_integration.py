@@ -102,9 +102,10 @@ def qk_norms(model) -> dict[str, str]:
 
 
 def causal_masks(model) -> dict[str, str]:
-    """What kernelize reports for the causal mask it leaves to SDPA's is_causal: every Qwen3Model ({} for
-    Llama)."""
-    return {n: causal_mask.SERVED for n, m in model.named_modules() if type(m).__name__ == "Qwen3Model"}
+    """What kernelize reports for the causal mask it leaves to SDPA's is_causal: every Qwen3Model and
+    LlamaModel."""
+    models = ("Qwen3Model", "LlamaModel")
+    return {n: causal_mask.SERVED for n, m in model.named_modules() if type(m).__name__ in models}
 
 
 def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
@@ -380,26 +381,30 @@ def sdpa_masks(model, ids, **kwargs) -> list[tuple[bool, bool]]:
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
-def test_compiled_qwen3_attends_causally_without_a_mask(kind, served_ops, build_root):
-    """Under torch.compile a Qwen3 call with no attention mask, no position ids and no cache attends with
-    is_causal and no mask, as in eager (transformers alone materializes one: it cannot check the positions
-    for packing while tracing); a call with padding or its own positions keeps the model's mask; the logits
-    match eager's. Llama is not served (its model takes no prepared mask)."""
-    model = model_of(kind, SMALL if kind == "qwen3" else {k: v for k, v in SMALL.items() if k != "head_dim"})
+def test_compiled_model_attends_causally_without_a_mask(kind, served_ops, build_root):
+    """Under torch.compile a Qwen3 / Llama call with no attention mask, no position ids and no cache attends
+    with is_causal and no mask, as in eager (transformers alone materializes one: it cannot check the
+    positions for packing while tracing), with a fresh cache too; a call with padding or its own positions
+    keeps the model's mask, and so does a model of the same kind that kgen does not serve, called after a
+    served one (Llama's flag is the call's); the logits match eager's."""
+    config = SMALL if kind == "qwen3" else {k: v for k, v in SMALL.items() if k != "head_dim"}
+    model, unserved = model_of(kind, config), model_of(kind, config)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 16), device=DEVICE)
     layers = model.config.num_hidden_layers
-    assert sdpa_masks(model, ids, use_cache=False) == [(True, False)] * layers
+    masked = [(True, False)] * layers
+    assert sdpa_masks(model, ids, use_cache=False) == masked
     served = kernelize(model, OPS, arch=served_ops[0], root=build_root)
-    assert served.items() >= causal_masks(model).items() and len(causal_masks(model)) == (kind == "qwen3")
-    served_call = [(False, True)] if kind == "qwen3" else [(True, False)]
-    assert sdpa_masks(model, ids, use_cache=False) == served_call * layers
-    if kind == "qwen3":  # a fresh cache: transformers alone skips the mask there from torch 2.14 on
-        assert sdpa_masks(model, ids, use_cache=True) == served_call * layers
+    assert served.items() >= causal_masks(model).items() and len(causal_masks(model)) == 1
+    for cache in (False, True):
+        assert sdpa_masks(model, ids, use_cache=cache) == [(False, True)] * layers
     padded = torch.ones_like(ids)
     padded[0, :3] = 0
     positions = torch.arange(16, device=DEVICE)[None]
     for given in (dict(attention_mask=padded), dict(position_ids=positions)):
-        assert sdpa_masks(model, ids, use_cache=False, **given) == [(True, False)] * layers
+        assert sdpa_masks(model, ids, use_cache=False, **given) == masked
+    with torch.no_grad():
+        model(ids, use_cache=False)
+    assert sdpa_masks(unserved, ids, use_cache=False) == masked
     model.to(torch.bfloat16)
     eager = logits(model, ids, torch.bfloat16)
     torch._dynamo.reset()

@@ -49,8 +49,8 @@ def kernelize(
     An op of LOSSES ("cross_entropy") serves the model's loss_function instead (`causal_lm_loss`), reported
     as {"loss_function": ...}.
 
-    ``causal_mask``: a Qwen3 model's causal mask left to SDPA's is_causal under torch.compile as in eager
-    where the call makes that known (kgen.integrations.causal_mask), reported per Qwen3Model.
+    ``causal_mask``: a Qwen3 or Llama model's causal mask left to SDPA's is_causal under torch.compile as in
+    eager where the call makes that known (kgen.integrations.causal_mask), reported per decoder model.
 
     A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts
     kernels' module for it in the function's place, as transformers does with the kernels versions it
