@@ -158,6 +158,32 @@ def test_rotary_resident_blocks(op, arch, blocks):
 
 
 @pytest.mark.parametrize(
+    "arch, shape, blocks",
+    [
+        ("sm_90", (8192, 4096), 4),  # 256 threads, the weight after the reduction
+        ("sm_90", (1024, 2048), 1),  # one wave: the weight held with the row
+        ("sm_90", (4096, 16384), 1),  # 512 threads
+        ("sm_80", (8192, 4096), 1),
+    ],
+)
+def test_row_resident_blocks(arch, shape, blocks):
+    """A row kernel asks the compiler for the profile's resident_blocks where its block leaves a thread 64
+    registers at that count and does not hold the per-column inputs, else 1: in the plan, the launcher's
+    __launch_bounds__ and `kgen explain`'s choice."""
+    from kgen.builder import render_target
+    from kgen.project import resolve_target
+
+    spec, profile = load_spec("residual_adaln_rmsnorm"), load_profile(arch)
+    plan = plan_kernel(spec, profile, "bfloat16")
+    assert plan.resident_block_threads * plan.resident_blocks * 64 == profile.registers_per_sm
+    choices = {c[0]: c[1] for c in plan_launch(spec, profile, "bfloat16", shape).choices}
+    assert choices["resident blocks"] == str(blocks)
+    source = render_target(resolve_target(spec.name, arch))[f"{spec.name}_cuda/{spec.name}.cu"]
+    assert f"constexpr int kResidentBlocks = {4 if arch == 'sm_90' else 1};" in source
+    assert "<= kResidentBlockThreads && !COLUMNS_IN_REGISTERS ? kResidentBlocks : 1)" in source
+
+
+@pytest.mark.parametrize(
     "shape, grid, why, held, block",
     [
         (

@@ -158,6 +158,7 @@ class RowReduceFacts(BaseModel):
     row_register_bytes_per_thread: int = Field(ge=16, multiple_of=16)
     threads_per_row: list[LadderStep] = Field(min_length=1)
     min_blocks_per_sm: int = Field(ge=1)
+    resident_blocks: int = Field(ge=1)
 
     @model_validator(mode="after")
     def _ladder(self) -> RowReduceFacts:
@@ -174,6 +175,8 @@ class RowReduceFacts(BaseModel):
 class RowReducePlan(KernelPlan):
     warp_size: int  # lanes of one shuffle reduction
     min_blocks: int  # the grid-fill rule: fewer blocks than this spread rows over more threads
+    resident_blocks: int  # an SM, asked of the compiler for blocks of <= resident_block_threads ...
+    resident_block_threads: int  # ... that do not hold the per-column inputs
 
     @property
     def register_buckets(self) -> list[Bucket]:
@@ -217,6 +220,7 @@ class RowReduceContext(FamilyContext):
 
 
 _SCRATCH_BYTES = 4 * 1024  # shared memory reserved for the per-warp partial sums of the reductions
+_RESIDENT_REGISTERS = 64  # a thread's, where several blocks are asked (at 48 fused_add_rmsnorm spilled)
 
 
 class RowReduceFamily(RowsFamily):
@@ -253,6 +257,7 @@ class RowReduceFamily(RowsFamily):
         """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better threads
         for a vector configuration."""
         facts, elem = self.check_facts(profile), DTYPE_BYTES[dtype]
+        resident_threads = profile.registers_per_sm // (facts.resident_blocks * _RESIDENT_REGISTERS)
         vector = profile.max_access_bytes // elem
         # a float32 column input holds twice the registers of a 16-bit one
         values, columns = (
@@ -292,6 +297,9 @@ class RowReduceFamily(RowsFamily):
             "warp size": f"{profile.warp_size} lanes per shuffle reduction (profile warp_size)",
             "grid fill": f"at least {facts.min_blocks_per_sm} blocks per SM × {profile.sm_count} SMs "
             "(profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads",
+            "resident blocks": f"{facts.resident_blocks} an SM asked of the compiler for blocks of <= "
+            f"{resident_threads} threads not holding the per-column inputs ({_RESIDENT_REGISTERS} registers "
+            "a thread; profile planner.row_reduce.resident_blocks), else 1 (ptxas takes what it needs)",
         }
         return RowReducePlan(
             spec.name,
@@ -305,6 +313,8 @@ class RowReduceFamily(RowsFamily):
             notes,
             profile.warp_size,
             facts.min_blocks_per_sm * profile.sm_count,
+            facts.resident_blocks,
+            resident_threads,
         )
 
     def _buckets(
@@ -482,7 +492,13 @@ class RowReduceFamily(RowsFamily):
                     f"{b.reasons['columns']}; {waves}",
                 )
             )
+        resident = b.block_threads <= kernel.resident_block_threads and not columns_early
         choices += [
+            (
+                "resident blocks",
+                str(kernel.resident_blocks if resident else 1),
+                kernel.notes["resident blocks"],
+            ),
             ("clusters", "no", kernel.notes["clusters"]),
             (
                 "grid",

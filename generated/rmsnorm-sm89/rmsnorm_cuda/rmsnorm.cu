@@ -12,6 +12,7 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   grid fill: at least 2 blocks per SM × 142 SMs (profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads
+//   resident blocks: 1 an SM asked of the compiler for blocks of <= 1024 threads not holding the per-column inputs (64 registers a thread; profile planner.row_reduce.resident_blocks), else 1 (ptxas takes what it needs)
 //   float32:
 //     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
@@ -278,6 +279,8 @@ namespace {
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int64_t kMinBlocks = 284;  // the grid-fill rule: planner.row_reduce.min_blocks_per_sm × 142 SMs
+constexpr int kResidentBlocks = 1;  // an SM: profile planner.row_reduce.resident_blocks
+constexpr int kResidentBlockThreads = 1024;  // blocks that ask them: 1 × this × 64 registers = registers_per_sm
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).
@@ -375,10 +378,12 @@ __device__ __forceinline__ void for_each_access(int lane, int64_t count, F&& f) 
 // ---------------------------------------------------------------------------------------------
 template <typename T, typename Epilogue, int ELEMS, int THREADS_PER_ROW, int ROWS_PER_BLOCK, int MAX_ACCESSES,
           RowStorage STORAGE, bool COLUMNS_IN_REGISTERS>
-// The 1 (at least one resident block) lets ptxas use the registers it needs: with the thread count
-// alone it capped fused_add_rmsnorm's bf16 kernels at 48 registers and spilled (nvcc 13.0, sm_90),
-// and layernorm's shared-memory rows on sm_80.
-__global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK, 1)
+// Resident blocks an SM: kResidentBlocks (64 registers a thread) for a block of up to kResidentBlockThreads
+// that does not hold its per-column inputs (those spill at 64); else 1, which lets ptxas use the registers it
+// needs: with the thread count alone it capped fused_add_rmsnorm's bf16 kernels at 48 registers and spilled
+// (nvcc 13.0, sm_90), and layernorm's shared-memory rows on sm_80.
+__global__ void __launch_bounds__(THREADS_PER_ROW * ROWS_PER_BLOCK,
+    THREADS_PER_ROW * ROWS_PER_BLOCK <= kResidentBlockThreads && !COLUMNS_IN_REGISTERS ? kResidentBlocks : 1)
 rmsnorm_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ weight, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
   using Access = Pack<T, ELEMS>;
   constexpr int kWarpsPerBlock = ceil_div(THREADS_PER_ROW * ROWS_PER_BLOCK, kWarpSize);
