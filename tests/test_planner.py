@@ -157,6 +157,25 @@ def test_rotary_resident_blocks(op, arch, blocks):
     assert bool(asked) == (blocks > 1) and len(bounds) >= 1
 
 
+@pytest.mark.parametrize("op, split", [("qk_norm_rope", True), ("qk_norm_rope_flux", False)])
+def test_rotary_split_shares(op, split):
+    """A backward through a norm over each head of q and k splits its chunks by tensor (a thread keeps one
+    weight's shares) where the profile's split_shares says so for the pairing: rotate_half (qk_norm_rope)
+    yes, interleaved (qk_norm_rope_flux) no; the plan, the rendered kernel and explain's grid agree."""
+    from kgen.builder import render_target
+    from kgen.catalog import backward_spec
+    from kgen.project import resolve_target
+
+    spec, profile = backward_spec(op), load_profile("sm_90")
+    plan = plan_kernel(spec, profile, "bfloat16")
+    assert plan.split_shares == split and ("weight shares" in plan.notes) == split
+    source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{op}_backward.cu"]
+    assert ("constexpr int kShares = 1;" in source) == split
+    assert ("constexpr int kShares = kWeights;" in source) == (not split)
+    grid = {c[0]: c[2] for c in plan_launch(spec, profile, "bfloat16", (1, 24, 4608, 128)).choices}["grid"]
+    assert ("no chunk straddles" in grid) == split
+
+
 @pytest.mark.parametrize(
     "arch, shape, blocks",
     [

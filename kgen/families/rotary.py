@@ -64,7 +64,7 @@ class Rotary(Structure):
         return bool(self.tables) and self.pairing == "half"
 
     @property
-    def split_shares(self) -> bool:  # a head norm's two weights: chunks in one tensor, one weight's shares
+    def split_shares(self) -> bool:  # a head norm's two weights: chunks may split by tensor (the plan's)
         return self.norm_inputs is not None and self.norm.over == "head" and len(self.rotates) > 1
 
     dims = ("*rows hidden", COORDINATES, *WEIGHT_DIMS.values())
@@ -171,6 +171,7 @@ class RotaryFacts(BaseModel):
     # resident blocks of block_threads an SM a forward kernel asks of the compiler (__launch_bounds__) on its
     # bf16 / fp32 vector path with 32-bit indices; 1 asks nothing
     forward_blocks_per_sm: int = Field(ge=1)
+    split_shares: dict[Literal["interleaved", "half"], bool] = Field(min_length=2)  # a head norm's backward
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ class RotaryPlan(KernelPlan):
     wave_threads: int  # one full wave: the grid stops there, threads walking tokens
     partial_threads: int  # a backward's weight-gradient partition (a norm over a token): threads at most
     held_elems: int  # ... its elements of each tensor a thread holds per token (held_kernel)
+    split_shares: bool  # chunks never straddle the tensors, a thread keeps its chunk (one weight's shares)
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class RotaryContext(FamilyContext):
     heads_expr: list[str]
     heads_in_flight: int
     resident_blocks: int
-    structure: Rotary  # its packed_tables and split_shares
+    structure: Rotary  # its packed_tables
     norm: NormCode | None
     rotated_outputs: list[Tensor]  # one per rotated tensor (the outputs, or a backward's input gradients)
     norm_inputs: list[Tensor]  # a backward through the norm: the forward's rotated inputs, read again
@@ -237,28 +239,18 @@ class RotaryFamily(Family):
         # that the lanes of a head are the same on both paths
         scalar = vector if spec.structure.norm else 2 if pairing == "interleaved" else 1
         buckets = [Bucket(None, n, threads, 1, 1, "global", False, reasons) for n in (vector, scalar)]
-        what = "" if pairing == "interleaved" else " (rotate_half pairs: hidden a multiple of twice that)"
-        scalar_path = {
-            1: "one element per access: correct for any alignment and any hidden size",
-            2: "one pair per access: correct for any alignment and any hidden size",
-        }.get(
-            scalar,
-            f"the vector path's {vector} elements per thread, one per access: correct for any alignment",
-        )
+        half = pairing == "half"
+        what = " (rotate_half pairs: hidden a multiple of twice that)" if half else ""
+        any_size = ": correct for any alignment" + " and any hidden size" * (not spec.structure.norm)
+        scalar_path = {1: "one element per access", 2: "one pair per access"}.get(
+            scalar, f"the vector path's {vector} elements per thread, one per access"
+        ) + any_size
         notes = vector_notes(dtype, vector, elem, "every tensor is", what) | {
             "scalar path": f"otherwise {scalar_path}",
             "block_threads": reasons["threads_per_row"],
-            "heads in flight": f"{heads} head{'s' if heads > 1 else ''} in flight per thread "
-            + (
-                "with a norm over each head"
-                if per_head_norm
-                else f"with {'rotate_half' if pairing == 'half' else pairing} pairs"
-            )
-            + (
-                ", all loaded before the first is stored, held as loaded until their math"
-                if heads > 1
-                else ""
-            )
+            "heads in flight": f"{heads} head{'s' if heads > 1 else ''} in flight per thread with "
+            + ("a norm over each head" if per_head_norm else f"{'rotate_half' if half else pairing} pairs")
+            + (", all loaded before the first is stored, held as loaded until their math" * (heads > 1))
             + " (profile planner.rotary.heads_in_flight)",
         }
         if resident_blocks > 1:
@@ -272,6 +264,8 @@ class RotaryFamily(Family):
         partial_threads = profile.sm_count * profile.family_facts("column_reduce")["resident_threads_per_sm"]
         if norm := spec.structure.norm:
             notes |= norm.notes(spec.structure.norm_inputs is not None, partial_threads)
+        if split := spec.structure.split_shares and facts.split_shares[pairing]:
+            notes["weight shares"] = "a thread's chunk in one tensor (profile planner.rotary.split_shares)"
         if spec.structure.packed_tables:
             notes["tables"] = (
                 "a token's cos and sin at the thread's channels held as loaded (16-bit elements two to a "
@@ -299,6 +293,7 @@ class RotaryFamily(Family):
             profile.sm_count * profile.max_threads_per_sm,
             partial_threads,
             40,  # 5 heads of 8 16-bit elements: 127 registers (bench/results/qk-norm-wan-backward-2026-12-04)
+            bool(split),
         )
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RotaryPlan, case: Case) -> LaunchPlan:
@@ -381,7 +376,7 @@ class RotaryFamily(Family):
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
         per = -(-total // chunks)
-        if split := spec.structure.split_shares:  # a thread keeps its chunk: threads in groups × chunks
+        if split := kernel.split_shares:  # a thread keeps its chunk: threads in groups × chunks
             chunks = sum(-(-h // per) for h in heads)
         else:  # as many chunks as hold a head, the heads spread evenly over them (the launcher's)
             per = -(-total // (chunks := -(-total // per)))

@@ -326,11 +326,8 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
     freqs[p] = frequency(double((c - start) / 2), double(width / 2), params);
   }
   // this thread's shares of the weights' gradients at its channels, over the heads and tokens it walks: per weight
-  constexpr int kShares = 1;
+  constexpr int kShares = kWeights;
   float shares_of[kShares][kCos] = {};
-  // the chunks of the first tensor's heads; this thread's chunk, (g / groups) mod chunks, is the same for every
-  // slot it walks (the launcher makes the thread count a multiple of groups × chunks), and so is its weight
-  const Index first_chunks = ceil_div(Index(args.grad_out_heads), heads_per_thread);
   for (Index slot = g / groups; slot < slots; slot += slot_stride) {
     const Index chunk = chunks == 1 ? 0 : slot % chunks;
     const Index token = chunks == 1 ? slot : slot / chunks;
@@ -418,16 +415,14 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       for (int j = 0; j < kCos; ++j) {
         r[j] = Norm::template gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
         const float share = Norm::template weight_gradient<T>(x[j], w[j], rstd, dn[j], grad_row_sum, params);
-        shares_of[0][j] += share;
+        if (first) shares_of[0][j] += share; else shares_of[1][j] += share;
       }
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
       if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
     };
-    // the first tensor's heads in chunks [0, first_chunks), the second's in the others: none straddles the two
-    const bool second = chunk >= first_chunks;
-    Index head = second ? Index(args.grad_out_heads) + (chunk - first_chunks) * heads_per_thread : chunk * heads_per_thread;
-    const Index head_end = min(second ? total_heads : Index(args.grad_out_heads), head + heads_per_thread);
+    const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
+    Index head = chunk * heads_per_thread;
     // one head in flight: fewer registers, more resident warps (loading the next head before this one's math
     // cost a block per SM and 4-10 % at Flux's and Llama's shapes: bench/results/rotary-prefetch-2026-12-04)
     for (; head < head_end; ++head) {
@@ -437,28 +432,29 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
     }
   }
   // The block's partial row of the weights' gradients (a weight's channels, then the next weight's): a column
-  // adds the shares of the block's threads holding it, in thread order, over its weight's chunks in order (thread
-  // g holds channel group g mod groups of chunk (g / groups) mod chunks); one row per block, summed by
-  // weight_sum_kernel.
+  // adds the shares of the block's threads holding it, in thread order (thread g holds channel group
+  // g mod groups); one row per block, summed by weight_sum_kernel.
   const int64_t row = kWeights * args.hidden;
-  const Index period = groups * chunks;
+  const Index period = groups;
   __shared__ float shares[BLOCK_THREADS][kCos];
 #pragma unroll
-  for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = shares_of[0][j];
-  __syncthreads();
-  for (int64_t col = threadIdx.x; col < row; col += BLOCK_THREADS) {
-    const int64_t c = col % args.hidden;
-    const bool of_second = col >= args.hidden;  // the second weight's column
-    const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
-    const int64_t at = second_half ? c - args.hidden / 2 : c;
-    const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
-    float total = 0.0f;
-    for (Index ch = of_second ? first_chunks : 0; ch < (of_second ? chunks : first_chunks); ++ch) {
-      const Index holds = ch * groups + Index(at / ELEMS);  // g mod period of the threads holding it
+  for (int s = 0; s < kShares; ++s) {
+#pragma unroll
+    for (int j = 0; j < kCos; ++j) shares[threadIdx.x][j] = shares_of[s][j];
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < args.hidden; col += BLOCK_THREADS) {
+      const int64_t c = col % args.hidden;
+      const int64_t h = s;  // share s: weight s
+      const bool second_half = kHalfPairs && c >= args.hidden / 2;  // a rotate_half partner: element ELEMS + ...
+      const int64_t at = second_half ? c - args.hidden / 2 : c;
+      const int j = int(at % ELEMS) + (second_half ? ELEMS : 0);
+      const Index holds = Index(at / ELEMS);  // g mod period of the threads holding it
+      float total = 0.0f;
       for (Index lane = (holds + period - Index(blockIdx.x) * BLOCK_THREADS % period) % period; lane < BLOCK_THREADS; lane += period)
         total += shares[lane][j];
+      partials[int64_t(blockIdx.x) * row + h * args.hidden + c] = total;
     }
-    partials[int64_t(blockIdx.x) * row + col] = total;
+    __syncthreads();  // the shares are written again for the next one
   }
 }
 
@@ -484,13 +480,13 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
   const int64_t total_heads = args.grad_out_heads + args.grad_k_out_heads;
   // the norm sums across the lanes of a head with warp shuffles: a power of two up to a warp (the binding checks)
   if (groups > 32 || (groups & (groups - 1)) != 0) return cudaErrorInvalidValue;
-  // heads per thread as for one full wave, then chunks that never straddle the two tensors' heads
-  const int64_t heads_per_thread = ceil_div(total_heads, std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head))));
-  const int64_t chunks = ceil_div<int64_t>(args.grad_out_heads, heads_per_thread) + ceil_div<int64_t>(args.grad_k_out_heads, heads_per_thread);
+  const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
+  // as many chunks as hold a head, no thread without one (e.g. 40 heads in 17 chunks of <= 3 leave 3 empty)
+  const int64_t chunks = ceil_div(total_heads, ceil_div(total_heads, wave_chunks));
+  const int64_t heads_per_thread = ceil_div(total_heads, chunks);
   // At most one full wave of blocks, each thread then walking several tokens; the thread count a
-  // multiple of groups × chunks, so that every thread keeps its channel group and chunk.
-  const int64_t keep = groups * chunks;
-  const int64_t step = keep / std::gcd(keep, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
+  // multiple of groups, so that every thread keeps its channel group.
+  const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
   int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
   // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits

@@ -11,6 +11,7 @@
 //   heads in flight: 1 head in flight per thread with a norm over each head (profile planner.rotary.heads_in_flight)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   weight gradients: each thread adds its channels' shares of one weight over the heads and tokens it walks (fp32 registers: it keeps one chunk of one tensor's heads); a block adds its threads' in thread order into one fp32 partial row per weight, and a second kernel adds the rows in block order, rounding once: deterministic, no atomics, at most one full wave of partial rows
+//   weight shares: a thread's chunk in one tensor (profile planner.rotary.split_shares)
 //   tables: a token's cos and sin at the thread's channels held as loaded (16-bit elements two to a register), converted per head: fewer registers, more resident blocks (ptxas)
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
