@@ -1,9 +1,10 @@
 """Two builds of the same ops timed against each other in one process: each op's forward and derived backward
 (called directly, no autograd) at its suite shapes (or only the largest), the two builds interleaved with kgen
-bench's timer (CUDA events, L2 flushed, median of 100 runs, 3 interleaved rounds), beside a same-size copy;
-their outputs compared bitwise (a differing output named, with its largest difference relative to the
-base output's largest magnitude). For a planner or template change measured before it lands: build the ops
-from each tree (`kgen build OPS --arch sm_90 --compile --out DIR`), then
+bench's timer (CUDA events, L2 flushed, median of 100 runs, 4 interleaved rounds, the order rotated: each
+build timed first in two), beside a same-size copy; their outputs compared bitwise (a differing output named,
+with its largest difference relative to the base output's largest magnitude). For a planner or template
+change measured before it lands: build the ops from each tree (`kgen build OPS --arch sm_90 --compile
+--out DIR`), then
 
 python3 scripts/variants.py BASE NEW OP... [--largest]
 
@@ -81,7 +82,7 @@ def main() -> None:
                 as_tuple = {v: o if isinstance(o, (tuple, list)) else (o,) for v, o in outs.items()}
                 same = differences(spec, as_tuple["base"], as_tuple["new"])
                 moved = traffic(inputs) + traffic(as_tuple["new"])
-                med = {v: statistics.median(t) for v, t in timer.rounds_us(fns, 3).items()}
+                med = {v: statistics.median(t) for v, t in timer.rounds_us(fns, 4).items()}
                 copy = timer.copy_us(moved)
                 direction = "forward" if spec.name == op else "backward"
                 print(
