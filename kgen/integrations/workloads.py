@@ -66,7 +66,10 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
         if id(m) not in caches:  # each model (compiled or not) fills its own cache with the context once
             cache = StaticCache(config=cfg, max_cache_len=context + steps)
             context_ids = torch.randint(0, cfg.vocab_size, (batch, context), device=device)
-            m(context_ids, use_cache=True, logits_to_keep=1, **{name: cache})  # not 64 × 512 tokens' logits
+            # filled by the module itself, not its torch.compile: transformers marks the cache's tensors as
+            # static addresses only where it creates them outside dynamo, and CUDA graphs (reduce-overhead)
+            # skip a graph that mutates unmarked inputs; the last token's logits only (not 64 × 512 tokens')
+            getattr(m, "_orig_mod", m)(context_ids, use_cache=True, logits_to_keep=1, **{name: cache})
             caches[id(m)], calls[id(m)] = cache, 0
         calls[id(m)] += 1  # each step appends a token: past the cache's end a GPU index would assert
         if calls[id(m)] > steps:
