@@ -26,6 +26,10 @@ done
 timeout 200 python3 -m kgen bench qk_norm_rope_flux --backward --out "$R/suite" --build-dir /tmp/kb \
     > "$R/bench-qk_norm_rope_flux-backward.log" 2>&1
 done_ "row ops and qk_norm_rope_flux" $?
+# 3b. the compiled rotary peers looked host-bound in events (rope 1x32x128x128: 69 us for 2.7 MB): CUDA-graph
+#     replays leave the host out, so kgen's lead there is the kernels' alone
+timeout 200 python3 -m kgen bench rope --graphs --out "$R/suite" --build-dir /tmp/kb > "$R/bench-rope-graphs.log" 2>&1
+done_ "rope --graphs" $?
 # 4. end to end on this GPU: Qwen3 prefill / decode and its training step with the mask, LTX-Video, the Wan step
 timeout 540 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build-dir /tmp/kb > "$R/qwen3.log" 2>&1
 done_ "e2e qwen3" $?
