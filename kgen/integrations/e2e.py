@@ -142,10 +142,10 @@ def run_e2e(
     for workload, run in workloads.items():
         times = {v: [] for v in variants}
         for i in range(rounds):
-            for variant in variants:
+            for variant in variants:  # each logged when timed: a crash's log says how far the run got
                 step = functools.partial(run, models[variant])
                 times[variant].append(_median_ms(torch, device, repeats, step, grad=training))
-            log(f"{workload}: round {i + 1}/{rounds}")
+                log(f"{workload}: round {i + 1}/{rounds}, {variant} {times[variant][-1]:.2f} ms")
         row = {"workload": workload, **{f"{v} ms": statistics.median(t) for v, t in times.items()}}
         for name, (base, _) in goals.items():
             row[f"{name} speed-up"] = row[f"{base} ms"] / row[f"{name.split(' vs ')[0]} ms"]
