@@ -30,6 +30,11 @@ done_ "row ops and qk_norm_rope_flux" $?
 #     replays leave the host out, so kgen's lead there is the kernels' alone
 timeout 200 python3 -m kgen bench rope --graphs --out "$R/suite" --build-dir /tmp/kb > "$R/bench-rope-graphs.log" 2>&1
 done_ "rope --graphs" $?
+# 3c. small shapes (issue 14 item 2): each kernel's own duration, occupancy and waves at the suite's shapes, to set
+#     against its 5-6 us in events (empty launch 4.0 us on the H100)
+timeout 300 python3 scripts/ncu_counters.py rmsnorm layernorm rope --build-dir /tmp/kb --out "$R/ncu-small.md" \
+    > "$R/ncu-small.log" 2>&1
+done_ "ncu small shapes" $?
 # 4. end to end on this GPU: Qwen3 prefill / decode and its training step with the mask, LTX-Video, the Wan step
 timeout 540 python3 -m kgen bench --e2e qwen3 --profile --out "$R/after" --build-dir /tmp/kb > "$R/qwen3.log" 2>&1
 done_ "e2e qwen3" $?
