@@ -177,28 +177,36 @@ def test_rotary_split_shares(op, split):
 
 
 @pytest.mark.parametrize(
-    "arch, shape, blocks",
+    "op, arch, shape, asked, blocks",
     [
-        ("sm_90", (8192, 4096), 4),  # 256 threads, the weight after the reduction
-        ("sm_90", (1024, 2048), 1),  # one wave: the weight held with the row
-        ("sm_90", (4096, 16384), 1),  # 512 threads
-        ("sm_80", (8192, 4096), 1),
+        (
+            "residual_adaln_rmsnorm",
+            "sm_90",
+            (8192, 4096),
+            4,
+            4,
+        ),  # 256 threads, the weight after the reduction
+        ("residual_adaln_rmsnorm", "sm_90", (1024, 2048), 4, 1),  # one wave: the weight held with the row
+        ("residual_adaln_rmsnorm", "sm_90", (4096, 16384), 4, 1),  # 512 threads
+        ("residual_adaln_rmsnorm", "sm_80", (8192, 4096), 1, 1),
+        ("residual_layernorm_fp32", "sm_90", (8192, 4096), 1, 1),  # a float32 tensor: it spilled at 64
     ],
 )
-def test_row_resident_blocks(arch, shape, blocks):
-    """A row kernel asks the compiler for the profile's resident_blocks where its block leaves a thread 64
-    registers at that count and does not hold the per-column inputs, else 1: in the plan, the launcher's
-    __launch_bounds__ and `kgen explain`'s choice."""
+def test_row_resident_blocks(op, arch, shape, asked, blocks):
+    """A row kernel asks the compiler for the profile's resident_blocks (1 for an op with a float32 tensor)
+    where its block leaves a thread 64 registers at that count and does not hold the per-column inputs, else
+    1: in the plan, the launcher's __launch_bounds__ and `kgen explain`'s choice."""
     from kgen.builder import render_target
     from kgen.project import resolve_target
 
-    spec, profile = load_spec("residual_adaln_rmsnorm"), load_profile(arch)
+    spec, profile = load_spec(op), load_profile(arch)
     plan = plan_kernel(spec, profile, "bfloat16")
+    assert plan.resident_blocks == asked
     assert plan.resident_block_threads * plan.resident_blocks * 64 == profile.registers_per_sm
     choices = {c[0]: c[1] for c in plan_launch(spec, profile, "bfloat16", shape).choices}
     assert choices["resident blocks"] == str(blocks)
     source = render_target(resolve_target(spec.name, arch))[f"{spec.name}_cuda/{spec.name}.cu"]
-    assert f"constexpr int kResidentBlocks = {4 if arch == 'sm_90' else 1};" in source
+    assert f"constexpr int kResidentBlocks = {asked};" in source
     assert "<= kResidentBlockThreads && !COLUMNS_IN_REGISTERS ? kResidentBlocks : 1)" in source
 
 

@@ -257,7 +257,6 @@ class RowReduceFamily(RowsFamily):
         """The rules of the profile, except where ``tuning`` (a `kgen tune` table) measured better threads
         for a vector configuration."""
         facts, elem = self.check_facts(profile), DTYPE_BYTES[dtype]
-        resident_threads = profile.registers_per_sm // (facts.resident_blocks * _RESIDENT_REGISTERS)
         vector = profile.max_access_bytes // elem
         # a float32 column input holds twice the registers of a 16-bit one
         values, columns = (
@@ -276,6 +275,10 @@ class RowReduceFamily(RowsFamily):
             profile.max_shared_memory_per_block - _SCRATCH_BYTES,
         )
         wide = [t.name for t in spec.tensors if t.dtype == "float32"]
+        blocks = (
+            1 if wide else facts.resident_blocks
+        )  # at 64 residual_layernorm_fp32's bf16 kernels spilled 12 B
+        resident_threads = profile.registers_per_sm // (blocks * _RESIDENT_REGISTERS)
         notes = vector_notes(
             dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "", wide
         ) | {
@@ -297,9 +300,9 @@ class RowReduceFamily(RowsFamily):
             "warp size": f"{profile.warp_size} lanes per shuffle reduction (profile warp_size)",
             "grid fill": f"at least {facts.min_blocks_per_sm} blocks per SM × {profile.sm_count} SMs "
             "(profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads",
-            "resident blocks": f"{facts.resident_blocks} an SM asked of the compiler for blocks of <= "
-            f"{resident_threads} threads not holding the per-column inputs ({_RESIDENT_REGISTERS} registers "
-            "a thread; profile planner.row_reduce.resident_blocks), else 1 (ptxas takes what it needs)",
+            "resident blocks": f"{blocks} an SM asked of the compiler for blocks of <= {resident_threads} "
+            f"threads not holding the per-column inputs ({_RESIDENT_REGISTERS} registers a thread; profile "
+            "planner.row_reduce.resident_blocks; 1 with a float32 tensor), else 1: ptxas takes what it needs",
         }
         return RowReducePlan(
             spec.name,
@@ -313,7 +316,7 @@ class RowReduceFamily(RowsFamily):
             notes,
             profile.warp_size,
             facts.min_blocks_per_sm * profile.sm_count,
-            facts.resident_blocks,
+            blocks,
             resident_threads,
         )
 
@@ -492,13 +495,10 @@ class RowReduceFamily(RowsFamily):
                     f"{b.reasons['columns']}; {waves}",
                 )
             )
-        resident = b.block_threads <= kernel.resident_block_threads and not columns_early
+        held = b.block_threads <= kernel.resident_block_threads and not columns_early
+        resident = str(kernel.resident_blocks if held else 1)
         choices += [
-            (
-                "resident blocks",
-                str(kernel.resident_blocks if resident else 1),
-                kernel.notes["resident blocks"],
-            ),
+            ("resident blocks", resident, kernel.notes["resident blocks"]),
             ("clusters", "no", kernel.notes["clusters"]),
             (
                 "grid",

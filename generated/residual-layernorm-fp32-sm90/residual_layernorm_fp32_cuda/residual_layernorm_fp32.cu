@@ -12,7 +12,7 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   grid fill: at least 2 blocks per SM × 132 SMs (profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads
-//   resident blocks: 4 an SM asked of the compiler for blocks of <= 256 threads not holding the per-column inputs (64 registers a thread; profile planner.row_reduce.resident_blocks), else 1 (ptxas takes what it needs)
+//   resident blocks: 1 an SM asked of the compiler for blocks of <= 1024 threads not holding the per-column inputs (64 registers a thread; profile planner.row_reduce.resident_blocks; 1 with a float32 tensor), else 1: ptxas takes what it needs
 //   float32:
 //     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
@@ -279,8 +279,8 @@ namespace {
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
 constexpr int64_t kMinBlocks = 264;  // the grid-fill rule: planner.row_reduce.min_blocks_per_sm × 132 SMs
-constexpr int kResidentBlocks = 4;  // an SM: profile planner.row_reduce.resident_blocks
-constexpr int kResidentBlockThreads = 256;  // blocks that ask them: 4 × this × 64 registers = registers_per_sm
+constexpr int kResidentBlocks = 1;  // an SM: profile planner.row_reduce.resident_blocks
+constexpr int kResidentBlockThreads = 1024;  // blocks that ask them: 1 × this × 64 registers = registers_per_sm
 
 // ---------------------------------------------------------------------------------------------
 // The math, printed from the spec by sympy (after common-subexpression elimination).

@@ -12,7 +12,7 @@
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
 //   grid fill: at least 2 blocks per SM × 170 SMs (profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads
-//   resident blocks: 1 an SM asked of the compiler for blocks of <= 1024 threads not holding the per-column inputs (64 registers a thread; profile planner.row_reduce.resident_blocks), else 1 (ptxas takes what it needs)
+//   resident blocks: 1 an SM asked of the compiler for blocks of <= 1024 threads not holding the per-column inputs (64 registers a thread; profile planner.row_reduce.resident_blocks; 1 with a float32 tensor), else 1: ptxas takes what it needs
 //   float32:
 //     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 256 B: 4 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
