@@ -275,9 +275,8 @@ class RowReduceFamily(RowsFamily):
             profile.max_shared_memory_per_block - _SCRATCH_BYTES,
         )
         wide = [t.name for t in spec.tensors if t.dtype == "float32"]
-        blocks = (
-            1 if wide else facts.resident_blocks
-        )  # at 64 residual_layernorm_fp32's bf16 kernels spilled 12 B
+        # a float32 tensor keeps 1: at 64 registers residual_layernorm_fp32's bf16 kernels spilled 12 B
+        blocks = 1 if wide else facts.resident_blocks
         resident_threads = profile.registers_per_sm // (blocks * _RESIDENT_REGISTERS)
         notes = vector_notes(
             dtype, vector, elem, ", ".join(t.name for t in spec.tensors) + " are", "", wide
