@@ -293,7 +293,7 @@ class RotaryFamily(Family):
             profile.sm_count * profile.max_threads_per_sm,
             partial_threads,
             40,  # 5 heads of 8 16-bit elements: 127 registers (bench/results/qk-norm-wan-backward-2026-12-04)
-            bool(split),
+            split,
         )
 
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: RotaryPlan, case: Case) -> LaunchPlan:

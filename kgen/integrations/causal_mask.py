@@ -27,10 +27,9 @@ import threading
 
 from .decoder import class_path
 
-PREPARED = "transformers.models.qwen3.modeling_qwen3.Qwen3Model"  # takes a prepared mask mapping
-FLAGGED = (
-    "transformers.models.llama.modeling_llama.LlamaModel"  # takes no mask: a flag for create_causal_mask
-)
+# Qwen3Model takes a prepared mask mapping; LlamaModel takes none: a flag for its create_causal_mask
+PREPARED = "transformers.models.qwen3.modeling_qwen3.Qwen3Model"
+FLAGGED = "transformers.models.llama.modeling_llama.LlamaModel"
 SERVED = "causal mask left to SDPA's is_causal without a mask, positions or cache (torch.compile too)"
 _CALL = threading.local()  # .plain: a flagged model's call that needs no mask is running (in this thread)
 
@@ -64,11 +63,9 @@ def _plain(module, args, kwargs) -> bool:
 
 
 def _no_mask(module, args, kwargs):
-    return (
-        (args, kwargs | {"attention_mask": {"full_attention": None}})
-        if _plain(module, args, kwargs)
-        else None
-    )
+    if _plain(module, args, kwargs):
+        return args, kwargs | {"attention_mask": {"full_attention": None}}
+    return None
 
 
 def _flag(module, args, kwargs):
