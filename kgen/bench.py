@@ -32,6 +32,9 @@ from .errors import UsageError
 from .families import family_of
 from .families.base import Case
 
+WHERE_SHAPES_GO = (  # the end of the message for an op that no shapes file lists (catalog.shapes_files)
+    "list them under [<op>] in bench/shapes.toml, or for a spec on $KGEN_OPS_PATH in a shapes.toml beside it"
+)
 LARGE_COPY_BYTES = 4 << 30  # traffic (read + write) of the ceiling copy
 L2_FLUSH_BYTES = 256 << 20
 
@@ -181,9 +184,12 @@ def run_bench(
 
     from .builder import build_op, device_arch, load
 
+    spec = load_spec(op)
+    cases = suite(op) if cases is None else cases
+    if not cases:
+        raise UsageError(f"no benchmark shapes for {op!r}: {WHERE_SHAPES_GO}")
     if not torch.cuda.is_available():
         raise UsageError("kgen bench needs a CUDA device")
-    spec = load_spec(op)
     if backward and graphs:
         raise UsageError("--backward times autograd, which CUDA-graph replays leave out: drop --graphs")
     if backward and not has_backward(op):
@@ -207,9 +213,6 @@ def run_bench(
         f"{large_copy:.0f} µs = {ceiling:.0f} GB/s; empty launch {empty:.1f} µs"
         + ("; CUDA-graph replays" if graphs else "")
     )
-    cases = suite(op) if cases is None else cases
-    if not cases:
-        raise UsageError(f"bench/shapes.toml has no shapes for {op!r}")
     vs_compile = suite_table(op).get("max_time_vs_compile")
     rows_out = []
     for case in cases:
@@ -361,6 +364,9 @@ def run_suite(ops: list[str], *, out: Path, graphs: bool, backward: bool, **opti
     """`run_bench` for each op (those with a backward, with ``backward``), then OUT/SUMMARY[-graphs]
     [-backward].md over every op's results in OUT; returns its path."""
     ops = [n for n in ops if not backward or has_backward(n)]
+    if len(ops) > 1 and (unlisted := [n for n in ops if not suite(n)]):
+        options["console"].print(f"no benchmark shapes for {', '.join(unlisted)}, skipped: {WHERE_SHAPES_GO}")
+        ops = [n for n in ops if n not in unlisted]
     for i, name in enumerate(ops, 1):
         if len(ops) > 1:
             options["console"].rule(f"{name} ({i}/{len(ops)})")

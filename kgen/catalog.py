@@ -193,6 +193,14 @@ def spec_hash(name: str) -> str:
     return digest.hexdigest()[:12]
 
 
+def spec_origin(name: str) -> str:
+    """Where the op's spec lives, as generated files name it: `ops/<op>.py` for kgen's own,
+    `$KGEN_OPS_PATH/<op>.py` for a user's (no machine's own path lands in a generated file)."""
+    load_spec(name)
+    folder = Path(sys.modules[f"{_SPECS}.{name}"].__file__).resolve().parent
+    return f"ops/{name}.py" if folder == data_dir("ops").resolve() else f"$KGEN_OPS_PATH/{name}.py"
+
+
 @cache
 def load_profile(name: str) -> ArchProfile:
     load_families()
@@ -241,8 +249,8 @@ def load_tuning(arch: str) -> TuningTable | None:
 
 
 def suite(op: str) -> list[Case]:
-    """The op's benchmark shapes (bench/shapes.toml): a shape, or {shape = [...], per_batch = true,
-    params = {...}, k_heads = N}; none for an op the suite does not list."""
+    """The op's benchmark shapes (`suite_table`): a shape, or {shape = [...], per_batch = true,
+    params = {...}, k_heads = N}; none for an op no shapes file lists."""
     return [
         Case(
             tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads")
@@ -253,5 +261,20 @@ def suite(op: str) -> list[Case]:
     ]
 
 
+def shapes_files() -> list[Path]:
+    """Where benchmark shapes are read, first match wins: shapes.toml in each $KGEN_OPS_PATH folder (beside
+    a user's specs), then kgen's bench/shapes.toml."""
+    return [d / "shapes.toml" for d in _path_dirs("KGEN_OPS_PATH")] + [data_dir("bench") / "shapes.toml"]
+
+
 def suite_table(op: str) -> dict:
-    return tomllib.loads((data_dir("bench") / "shapes.toml").read_text()).get(op, {})
+    """The op's table ([<op>]) from the first shapes file that has one; {} where none does."""
+    for path in shapes_files():
+        if path.is_file():
+            try:
+                tables = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as err:
+                raise SpecError(f"{path} is not valid TOML: {err}") from None
+            if op in tables:
+                return tables[op]
+    return {}

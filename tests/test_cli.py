@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kgen.catalog import arch_names, load_spec, op_names
+from kgen.catalog import arch_names, load_spec, op_names, suite
 from kgen.cli import app
 from kgen.families import family_of
 from kgen.project import kernel_name
@@ -249,3 +249,35 @@ def test_explain_keeps_a_rotary_shape_whole():
         result = run("explain", op, "--arch", "sm_90", "--dtype", "bf16", "--shape", "1x24x4608x128")
         assert result.exit_code == 0, result.output
         assert "minimum traffic: 113.30 MB" in result.output, result.output
+
+
+def test_a_spec_of_ones_own_folder_builds_and_takes_its_shapes_from_beside_it(tmp_path, monkeypatch):
+    """A user's spec on $KGEN_OPS_PATH: its generated files name it there (not as one of kgen's ops/), and its
+    benchmark shapes come from a shapes.toml beside it; without them `kgen bench` says where they go (before
+    it asks for a GPU)."""
+    ops = Path(__file__).resolve().parents[1] / "ops"
+    source = (ops / "gelu_tanh.py").read_text().replace('name="gelu_tanh"', 'name="my_gelu"')
+    (tmp_path / "my_gelu.py").write_text(source)
+    monkeypatch.setenv("KGEN_OPS_PATH", str(tmp_path))
+    load_spec.cache_clear()
+    try:
+        result = run("bench", "my_gelu")
+        assert result.exit_code == 2, result.output
+        assert (
+            "no benchmark shapes for 'my_gelu'" in result.output and "shapes.toml beside it" in result.output
+        )
+        (tmp_path / "shapes.toml").write_text("[my_gelu]\nshapes = [[3, 40], [2, 5, 8]]\n")
+        assert [c.shape for c in suite("my_gelu")] == [(3, 40), (2, 5, 8)]
+        assert suite("gelu_tanh")  # kgen's own shapes are still read
+
+        out = tmp_path / "out"
+        result = run("build", "my_gelu", "gelu_tanh", "--arch", "sm_90", "--out", str(out))
+        assert result.exit_code == 0, result.output
+        mine, own = (out / kernel_name(op, "sm_90") for op in ("my_gelu", "gelu_tanh"))
+        assert "from $KGEN_OPS_PATH/my_gelu.py (spec " in (mine / "my_gelu_cuda" / "my_gelu.cu").read_text()
+        assert "the op spec `$KGEN_OPS_PATH/my_gelu.py`" in (mine / "CARD.md").read_text()
+        assert "from ops/gelu_tanh.py (spec " in (own / "gelu_tanh_cuda" / "gelu_tanh.cu").read_text()
+        benchmark = "\n".join(p.read_text() for p in (mine / "benchmarks").iterdir())
+        assert "{'x': (3, 40)}" in benchmark and "{'x': (2, 5, 8)}" in benchmark
+    finally:
+        load_spec.cache_clear()
