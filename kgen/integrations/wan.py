@@ -9,11 +9,11 @@ affine) -> residual_layernorm_fp32; cross-attention's residual add, norm3 and it
 residual_adaln_layernorm_fp32 (no gate). In each attention norm_q and norm_k (torch.nn.RMSNorm across heads)
 -> rmsnorm; in self-attention the rotary embedding -> rope_wan, q and k in one launch (over [B, H, S, D] views
 of the [B, S, H, D] heads) with the angles computed in the kernel from the latent grid, so the model's rope
-hands the blocks the grid instead of building its two fp32 tables; where no gradient is wanted (inference),
-self-attention's norm_q, norm_k and rotation -> one qk_norm_rope_wan launch; the feed-forward's
-GELU(approximate="tanh") -> gelu_tanh. The model's forward is replaced by one with diffusers' dataflow whose
-output norm takes the last block's pending add: norm_out and the output modulation ->
-residual_adaln_layernorm_fp32.
+hands the blocks the grid instead of building its two fp32 tables; where the q/k norms fit the fused kernel
+(`fuses_qk_norms`; in training too, through its derived backward), self-attention's norm_q, norm_k and
+rotation -> one qk_norm_rope_wan launch; the feed-forward's GELU(approximate="tanh") -> gelu_tanh. The
+model's forward is replaced by one with diffusers' dataflow whose output norm takes the last block's pending
+add: norm_out and the output modulation -> residual_adaln_layernorm_fp32.
 
 Numerics: Wan's own. The modulation (`scale_shift_table + temb`) stays float32 and reaches the kernels as it
 is, per batch ([B, 1, C] chunks of [B, 6, C]) or per token ([B, S, C] chunks of [B, S, 6, C]); every norm is
@@ -183,8 +183,9 @@ def _grid_forward(self, hidden_states) -> Grid:
 class _Attention:
     """A Wan attention processor for text to video: diffusers' dataflow (projections, norm_q / norm_k across
     heads, heads split, rotary on q and k, attention dispatch, output projection) with q and k rotated by
-    kgen's rope_wan in one launch, seen as [B, H, S, D] views, from the grid the patched rope passes on. Where
-    no gradient is wanted, self-attention's norms and rotation are one qk_norm_rope_wan launch."""
+    kgen's rope_wan in one launch, seen as [B, H, S, D] views, from the grid the patched rope passes on.
+    Where the norms fit it (`fuses_qk_norms`), self-attention's norms and rotation are one qk_norm_rope_wan
+    launch."""
 
     def __init__(self, rotate, fused, original):
         self.rotate, self.fused = rotate, fused
