@@ -177,6 +177,52 @@ def test_rotary_split_shares(op, split):
 
 
 @pytest.mark.parametrize(
+    "op, pass_, device_wave",
+    [
+        ("rope", "forward", True),
+        ("rope", "backward", True),  # no weights: nothing summed across blocks
+        ("rope_wan", "forward", True),
+        ("qk_norm_rope", "forward", True),
+        ("qk_norm_rope", "backward", False),  # the weights' partial rows, one per block: a fixed partition
+        ("qk_norm_rope_wan", "backward", False),
+    ],
+)
+def test_rotary_launchers_take_the_devices_wave(op, pass_, device_wave):
+    """A rotary launcher's one full wave is the device's SMs × the arch's threads per SM (every board of an
+    arch shares that, not its SM count: H100 PCIe 114 SMs, SXM 132), the profile's board's only where the
+    runtime cannot say, or where the blocks partition a weight's gradient (then the same bits on every board);
+    the explain grid says which."""
+    from kgen.builder import render_target
+    from kgen.catalog import backward_spec
+    from kgen.project import resolve_target
+
+    name = op if pass_ == "forward" else f"{op}_backward"
+    source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{name}.cu"]
+    assert ("const int64_t wave_threads = device_wave_threads();" in source) == device_wave
+    assert ("const int64_t wave_threads = kMinThreads;" in source) == (not device_wave)
+    assert "kMinThreads / BLOCK_THREADS" not in source and "ceil_div(kMinThreads" not in source
+    spec = load_spec(op) if pass_ == "forward" else backward_spec(op)
+    grid = {
+        c[0]: c[2] for c in plan_launch(spec, load_profile("sm_90"), "bfloat16", (1, 12, 4096, 128)).choices
+    }
+    assert ("a launch counts its device's SMs" in grid["grid"]) == device_wave
+
+
+def test_row_grid_fill_counts_the_devices_sms():
+    """The row launcher's grid-fill rule (min_blocks_per_sm) on the device's SM count, the profile board's
+    only where the runtime cannot say."""
+    from kgen.builder import render_target
+    from kgen.project import resolve_target
+
+    source = render_target(resolve_target("rmsnorm", "sm_90"))["rmsnorm_cuda/rmsnorm.cu"]
+    plan = plan_kernel(load_spec("rmsnorm"), load_profile("sm_90"), "bfloat16")
+    assert f"constexpr int kMinBlocksPerSm = {plan.min_blocks_per_sm};" in source
+    assert plan.min_blocks == plan.min_blocks_per_sm * 132
+    assert "int64_t(kMinBlocksPerSm) * sms : kMinBlocks;" in source
+    assert "< min_blocks &&" in source and "< kMinBlocks &&" not in source
+
+
+@pytest.mark.parametrize(
     "op, arch, shape, asked, blocks",
     [
         (

@@ -178,7 +178,8 @@ class RotaryFacts(BaseModel):
 class RotaryPlan(KernelPlan):
     heads_in_flight: int  # heads a thread loads before it stores the first
     resident_blocks: int  # resident blocks an SM asked of the compiler (forward vector path; 1: none asked)
-    wave_threads: int  # one full wave: the grid stops there, threads walking tokens
+    wave_threads: int  # one full wave of the profile's board: the grid stops there, threads walking tokens
+    sm_threads: int  # profile max_threads_per_sm: a forward's wave is the device's SMs × this
     partial_threads: int  # a backward's weight-gradient partition (a norm over a token): threads at most
     held_elems: int  # ... its elements of each tensor a thread holds per token (held_kernel)
     split_shares: bool  # chunks never straddle the tensors, a thread keeps its chunk (one weight's shares)
@@ -291,6 +292,7 @@ class RotaryFamily(Family):
             heads,
             resident_blocks,
             profile.sm_count * profile.max_threads_per_sm,
+            profile.max_threads_per_sm,
             partial_threads,
             40,  # 5 heads of 8 16-bit elements: 127 registers (bench/results/qk-norm-wan-backward-2026-12-04)
             split,
@@ -392,6 +394,7 @@ class RotaryFamily(Family):
             + f"({' + '.join(map(str, heads))})" * (len(heads) > 1)
             + f" = {items} threads, in blocks of {threads}; at most one full wave ({wave // threads} blocks: "
             f"{wave} threads), threads walking tokens"
+            + ("" if kernel.notes.get("weight gradients") else "; a launch counts its device's SMs")
         )
         if split:
             why += "; no chunk straddles two tensors' heads, a thread keeps its chunk"

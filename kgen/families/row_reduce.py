@@ -174,7 +174,8 @@ class RowReduceFacts(BaseModel):
 @dataclass(frozen=True)
 class RowReducePlan(KernelPlan):
     warp_size: int  # lanes of one shuffle reduction
-    min_blocks: int  # the grid-fill rule: fewer blocks than this spread rows over more threads
+    min_blocks_per_sm: int  # the grid-fill rule: fewer blocks than this per SM of the device spread rows ...
+    min_blocks: int  # ... (× the profile board's SMs: what explain shows, the launcher's fallback)
     resident_blocks: int  # an SM, asked of the compiler for blocks of <= resident_block_threads ...
     resident_block_threads: int  # ... that do not hold the per-column inputs
 
@@ -298,7 +299,8 @@ class RowReduceFamily(RowsFamily):
             "(profile planner.block_threads)",
             "warp size": f"{profile.warp_size} lanes per shuffle reduction (profile warp_size)",
             "grid fill": f"at least {facts.min_blocks_per_sm} blocks per SM × {profile.sm_count} SMs "
-            "(profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads",
+            "(profile planner.row_reduce.min_blocks_per_sm; a launch counts its device's SMs), else rows "
+            "spread over more threads",
             "resident blocks": f"{blocks} an SM asked of the compiler for blocks of <= {resident_threads} "
             f"threads not holding the per-column inputs ({_RESIDENT_REGISTERS} registers a thread; profile "
             "planner.row_reduce.resident_blocks; 1 with a float32 tensor), else 1: ptxas takes what it needs",
@@ -314,6 +316,7 @@ class RowReduceFamily(RowsFamily):
             buckets,
             notes,
             profile.warp_size,
+            facts.min_blocks_per_sm,
             facts.min_blocks_per_sm * profile.sm_count,
             blocks,
             resident_threads,

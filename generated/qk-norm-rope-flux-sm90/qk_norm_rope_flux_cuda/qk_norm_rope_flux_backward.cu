@@ -22,7 +22,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <numeric>
 #include <type_traits>
 
@@ -78,6 +80,40 @@ template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { retur
 
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// Per-device facts the launchers need on every call, asked of the runtime once per device (devices past
+// kCachedDevices are asked every time).
+constexpr int kCachedDevices = 64;
+
+// The current device's SM count; 0 if the runtime cannot say.
+[[maybe_unused]] inline int current_sm_count() {
+  static std::atomic<int> known[kCachedDevices];  // 0: not asked yet
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kCachedDevices && (sms = known[device].load(std::memory_order_relaxed)) > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kCachedDevices) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// Lets Kernel take `bytes` of dynamic shared memory on the current device (the opt-in above the default
+// limit). The attribute is set once per device and size, and only ever raised (under a lock), so a launch of
+// a smaller size on another thread never lowers it under a larger one.
+template <auto Kernel>
+[[maybe_unused]] cudaError_t allow_shared_bytes(size_t bytes) {
+  static std::atomic<size_t> granted[kCachedDevices];  // 0: the default limit
+  static std::mutex raising;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kCachedDevices) return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (granted[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
+  const std::lock_guard<std::mutex> lock(raising);
+  if (granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess) granted[device].store(bytes, std::memory_order_release);
+  return err;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A gradient's final sum over the fp32 partial rows its blocks wrote: a block of kSumColumns × kSumSlices
 // threads adds kSumColumns columns; slice y adds rows y, y + kSumSlices, ... in turn, then the slices are
@@ -109,7 +145,7 @@ __device__ __forceinline__ float ordered_column_sum(const float* __restrict__ pa
 namespace {
 
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
-constexpr int64_t kMinThreads = 270336;  // 132 SMs × 2048 threads: one full wave
+constexpr int64_t kMinThreads = 270336;  // 132 SMs × 2048 threads: one full wave of the profile's board
 constexpr bool kHalfPairs = false;  // pairs (2i, 2i + 1): interleaved
 constexpr int kWeights = 2;  // the norm weights whose gradients this backward sums
 
@@ -474,6 +510,9 @@ weight_sum_kernel(const QkNormRopeFluxBackwardArgs args, const float* __restrict
 
 template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
 cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& params, cudaStream_t stream) {
+  // The profile's wave, not the device's: the blocks' fp32 partial rows of the weights' gradients then split the
+  // tokens the same way on every board of the arch, and the gradients are the same bits on each.
+  const int64_t wave_threads = kMinThreads;
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.
   const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
@@ -481,14 +520,14 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
   const int64_t total_heads = args.grad_out_heads + args.grad_k_out_heads;
   // the norm sums across the lanes of a head with warp shuffles: a power of two up to a warp (the binding checks)
   if (groups > 32 || (groups & (groups - 1)) != 0) return cudaErrorInvalidValue;
-  const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
+  const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(wave_threads, threads_per_head)));
   // as many chunks as hold a head, no thread without one (e.g. 40 heads in 17 chunks of <= 3 leave 3 empty)
   const int64_t chunks = ceil_div(total_heads, ceil_div(total_heads, wave_chunks));
   const int64_t heads_per_thread = ceil_div(total_heads, chunks);
   // At most one full wave of blocks, each thread then walking several tokens; the thread count a
   // multiple of groups, so that every thread keeps its channel group.
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
-  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
+  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), wave_threads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
   // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits
   auto indexed = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks, auto launch) {

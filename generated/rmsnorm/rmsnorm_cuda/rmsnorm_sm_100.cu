@@ -11,7 +11,7 @@
 //   bulk copies (TMA): not used: each thread's 16-byte loads put its part of the row straight into registers
 //   block_threads: 256 threads per block when rows are short (profile planner.block_threads)
 //   warp size: 32 lanes per shuffle reduction (profile warp_size)
-//   grid fill: at least 2 blocks per SM × 148 SMs (profile planner.row_reduce.min_blocks_per_sm), else rows spread over more threads
+//   grid fill: at least 2 blocks per SM × 148 SMs (profile planner.row_reduce.min_blocks_per_sm; a launch counts its device's SMs), else rows spread over more threads
 //   resident blocks: 1 an SM asked of the compiler for blocks of <= 1024 threads not holding the per-column inputs (64 registers a thread; profile planner.row_reduce.resident_blocks; 1 with a float32 tensor), else 1: ptxas takes what it needs
 //   float32:
 //     rows <= 128 B: 4 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
@@ -278,7 +278,8 @@ namespace {
 
 constexpr int kWarpSize = 32;  // profile warp_size
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
-constexpr int64_t kMinBlocks = 296;  // the grid-fill rule: planner.row_reduce.min_blocks_per_sm × 148 SMs
+constexpr int kMinBlocksPerSm = 2;  // the grid-fill rule: profile planner.row_reduce.min_blocks_per_sm, on the device's SMs ...
+constexpr int64_t kMinBlocks = 296;  // ... or × the profile board's 148 where the runtime cannot count them
 constexpr int kResidentBlocks = 1;  // an SM: profile planner.row_reduce.resident_blocks
 constexpr int kResidentBlockThreads = 1024;  // blocks that ask them: 1 × this × 64 registers = registers_per_sm
 
@@ -499,15 +500,18 @@ cudaError_t launch_float32(const RmsnormArgs& args, const Params& params, cudaSt
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && aligned(args.weight, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
   if (vector_path) {
     // Register configurations in ladder order, the first whose rows fit; then the grid-fill rule
-    // (profile planner.row_reduce.min_blocks_per_sm): while the grid would have fewer than kMinBlocks blocks,
-    // spread each row over more threads, as long as every thread keeps one access of the row.
+    // (profile planner.row_reduce.min_blocks_per_sm): while the grid would have fewer than min_blocks_per_sm
+    // blocks per SM of this device, spread each row over more threads, as long as every thread keeps one access
+    // of the row.
+    const int sms = current_sm_count();  // 0 if unknown: the profile board's count
+    const int64_t min_blocks = sms > 0 ? int64_t(kMinBlocksPerSm) * sms : kMinBlocks;
     constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
     constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
     constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
     constexpr int kConfigs = 8;
     int config = 0;
     while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
-    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
+    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < min_blocks &&
            kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
       ++config;
     // One wave (every block resident at once): latency dominates, so the weight is loaded with the
@@ -567,15 +571,18 @@ cudaError_t launch_float16(const RmsnormArgs& args, const Params& params, cudaSt
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && aligned(args.weight, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
   if (vector_path) {
     // Register configurations in ladder order, the first whose rows fit; then the grid-fill rule
-    // (profile planner.row_reduce.min_blocks_per_sm): while the grid would have fewer than kMinBlocks blocks,
-    // spread each row over more threads, as long as every thread keeps one access of the row.
+    // (profile planner.row_reduce.min_blocks_per_sm): while the grid would have fewer than min_blocks_per_sm
+    // blocks per SM of this device, spread each row over more threads, as long as every thread keeps one access
+    // of the row.
+    const int sms = current_sm_count();  // 0 if unknown: the profile board's count
+    const int64_t min_blocks = sms > 0 ? int64_t(kMinBlocksPerSm) * sms : kMinBlocks;
     constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
     constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
     constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
     constexpr int kConfigs = 8;
     int config = 0;
     while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
-    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
+    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < min_blocks &&
            kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
       ++config;
     // One wave (every block resident at once): latency dominates, so the weight is loaded with the
@@ -635,15 +642,18 @@ cudaError_t launch_bfloat16(const RmsnormArgs& args, const Params& params, cudaS
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && aligned(args.weight, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
   if (vector_path) {
     // Register configurations in ladder order, the first whose rows fit; then the grid-fill rule
-    // (profile planner.row_reduce.min_blocks_per_sm): while the grid would have fewer than kMinBlocks blocks,
-    // spread each row over more threads, as long as every thread keeps one access of the row.
+    // (profile planner.row_reduce.min_blocks_per_sm): while the grid would have fewer than min_blocks_per_sm
+    // blocks per SM of this device, spread each row over more threads, as long as every thread keeps one access
+    // of the row.
+    const int sms = current_sm_count();  // 0 if unknown: the profile board's count
+    const int64_t min_blocks = sms > 0 ? int64_t(kMinBlocksPerSm) * sms : kMinBlocks;
     constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
     constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
     constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
     constexpr int kConfigs = 8;
     int config = 0;
     while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
-    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < kMinBlocks &&
+    while (config + 1 < kConfigs && ceil_div(args.rows, kRowsPerBlock[config]) < min_blocks &&
            kThreadsPerRow[config + 1] > kThreadsPerRow[config] && kThreadsPerRow[config + 1] * kVector <= args.hidden)
       ++config;
     // One wave (every block resident at once): latency dominates, so the weight is loaded with the

@@ -19,7 +19,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <numeric>
 #include <type_traits>
 
@@ -75,10 +77,45 @@ template <typename I> __host__ __device__ constexpr I ceil_div(I a, I b) { retur
 
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// Per-device facts the launchers need on every call, asked of the runtime once per device (devices past
+// kCachedDevices are asked every time).
+constexpr int kCachedDevices = 64;
+
+// The current device's SM count; 0 if the runtime cannot say.
+[[maybe_unused]] inline int current_sm_count() {
+  static std::atomic<int> known[kCachedDevices];  // 0: not asked yet
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kCachedDevices && (sms = known[device].load(std::memory_order_relaxed)) > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kCachedDevices) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// Lets Kernel take `bytes` of dynamic shared memory on the current device (the opt-in above the default
+// limit). The attribute is set once per device and size, and only ever raised (under a lock), so a launch of
+// a smaller size on another thread never lowers it under a larger one.
+template <auto Kernel>
+[[maybe_unused]] cudaError_t allow_shared_bytes(size_t bytes) {
+  static std::atomic<size_t> granted[kCachedDevices];  // 0: the default limit
+  static std::mutex raising;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kCachedDevices) return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (granted[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
+  const std::lock_guard<std::mutex> lock(raising);
+  if (granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess) granted[device].store(bytes, std::memory_order_release);
+  return err;
+}
+
 namespace {
 
 constexpr int kAccessBytes = 16;  // the vector path's access: profile max_access_bytes
-constexpr int64_t kMinThreads = 261120;  // 170 SMs × 1536 threads: one full wave
+constexpr int64_t kMinThreads = 261120;  // 170 SMs × 1536 threads: one full wave of the profile's board
+constexpr int64_t kThreadsPerSm = 1536;  // profile max_threads_per_sm: every board of the arch has it, not its SM count
 constexpr bool kHalfPairs = false;  // pairs (2i, 2i + 1): interleaved
 
 struct Params {
@@ -263,21 +300,31 @@ rope_interleaved_backward_kernel(const RopeInterleavedBackwardArgs args, Index c
     }
     if (head < head_end) rotate_held(head, fetch(head));
   }
-}template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
+}
+// One full wave of threads on the current device, its SMs × kThreadsPerSm (e.g. H100 PCIe 114 SMs where the
+// profile's board has 132: a grid of 132 SMs' wave there would leave a partial last wave); kMinThreads where the
+// runtime cannot say.
+int64_t device_wave_threads() {
+  const int sms = current_sm_count();
+  return sms > 0 ? sms * kThreadsPerSm : kMinThreads;
+}
+
+template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS>
 cudaError_t launch_config(const RopeInterleavedBackwardArgs& args, const Params& params, cudaStream_t stream) {
+  const int64_t wave_threads = device_wave_threads();
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.
   const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
   const int64_t threads_per_head = args.batch * args.tokens * groups;
   const int64_t total_heads = args.grad_out_heads + args.grad_k_out_heads;
-  const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(kMinThreads, threads_per_head)));
+  const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(wave_threads, threads_per_head)));
   // as many chunks as hold a head, no thread without one (e.g. 40 heads in 17 chunks of <= 3 leave 3 empty)
   const int64_t chunks = ceil_div(total_heads, ceil_div(total_heads, wave_chunks));
   const int64_t heads_per_thread = ceil_div(total_heads, chunks);
   // At most one full wave of blocks, each thread then walking several tokens; the thread count a
   // multiple of groups, so that every thread keeps its channel group.
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
-  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), kMinThreads / BLOCK_THREADS);
+  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), wave_threads / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
   // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits
   auto indexed = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks, auto launch) {
