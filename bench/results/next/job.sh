@@ -12,10 +12,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv > "$R/gpu.txt" 2>&1
 done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
-# 1. the landed row kernels at 4 resident blocks and qk_norm_rope_flux's unsplit shares on the real kernels
+# 1. the landed row kernels at 4 resident blocks and qk_norm_rope_flux's unsplit shares on the real kernels; the
+#    launchers that now count the device's SMs (every row and rotary forward, the weightless rotary backwards)
 timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_ops_gpu.py tests/test_backward_gpu.py \
     -k "residual_adaln_rmsnorm or adaln_layernorm or qk_norm_rope_flux" > "$R/t-landed.log" 2>&1
 done_ "landed kernels tests" $?
+timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_ops_gpu.py tests/test_rotary_gpu.py \
+    tests/test_rotary_norm_gpu.py > "$R/t-launchers.log" 2>&1
+done_ "row and rotary forward tests" $?
 # 2. Qwen3-8B decode under CUDA graphs: each cache now filled by the uncompiled module (its tensors marked static)
 timeout 480 python3 -m kgen bench --e2e qwen3 --graphs --out "$R/after" --build-dir /tmp/kb > "$R/graphs.log" 2>&1
 done_ "e2e qwen3 --graphs" $?
