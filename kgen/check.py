@@ -1,10 +1,13 @@
 """`kgen check`: a spec's math against its reference, on the CPU. Each convention's sympy expressions are
 evaluated by the spec's family (float64, the convention's roundings to the I/O dtype included) on fresh
-random inputs at the family's example shapes, in float32 and bfloat16, and compared with the float64
-reference: a spec whose math and reference disagree fails here, before any kernel is built. Where the family
-derives the op's backward, its derived math is checked the same way against autograd of the reference, whose
-gradient is rounded to the dtype at each of the convention's roundings it flows back through (the derived math
-takes a rounding's derivative as 1, unrounded): the tolerance grows by one step per rounding."""
+random inputs at the family's example shapes, then on inputs with exact 0, 1 and -1 among them (the kinks of
+max, min, abs and piecewise math, and ties between inputs: a derivative there is a convention, e.g. sympy's
+max splits a tie's gradient in halves as torch.maximum does, where torch.relu gives 0), in float32 and
+bfloat16, and compared with the float64 reference: a spec whose math and reference disagree fails here,
+before any kernel is built. Where the family derives the op's backward, its derived math is checked the same
+way against autograd of the reference, whose gradient is rounded to the dtype at each of the convention's
+roundings it flows back through (the derived math takes a rounding's derivative as 1, unrounded): the
+tolerance grows by one step per rounding."""
 
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ from .families import family_of
 # |math - reference| <= ATOL + RTOL·|reference|: float32 leaves only the order of float64 operations; a
 # bfloat16 rounding the two place on either side of a tie differs by one step (2^-8 relative)
 TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1e-2, 1e-2)}
+
+
+PROBED = " (exact 0, ±1, tied inputs)"  # where a result's worst element is one of the probes
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,8 @@ def _check_spec(spec, generator, steps=lambda convention: 1) -> list[Result]:
         for dtype, tolerance in TOLERANCE.items():
             atol, rtol = (steps(convention) * t for t in family.check_tolerance(spec, *tolerance))
             worst, where, cases = 0.0, "-", family.example_cases(spec)
-            for case in cases:
-                inputs = family.example_inputs(spec, case, getattr(torch, dtype), generator)
+            for case, probes in ((c, p) for c in cases for p in (False, True)):
+                inputs = family.example_inputs(spec, case, getattr(torch, dtype), generator, probes=probes)
                 params = case.param_values(spec)
                 math = family.evaluate(spec, inputs, params, convention)
                 reference = spec.reference(
@@ -82,6 +88,22 @@ def _check_spec(spec, generator, steps=lambda convention: 1) -> list[Result]:
                         scale = scale.clamp_min(want.square().mean().sqrt().item())
                     ratio = ((got - want).abs() / (atol + rtol * scale)).nan_to_num(1e30)
                     if ratio.numel() and ratio.max().item() > worst:
-                        worst, where = ratio.max().item(), f"{case.label}, {tensor.name}"
+                        probed = PROBED if probes else ""
+                        worst, where = ratio.max().item(), f"{case.label}{probed}, {tensor.name}"
             results.append(Result(spec.name, convention, dtype, len(cases), worst, where))
     return results
+
+
+def disagreement(bad: list[Result]) -> str:
+    """The error for results that failed: each with where and by how much; a hint where a probe failed."""
+    text = "the math and the reference disagree: " + "; ".join(
+        f"{r.op} (convention {r.convention}, {r.dtype}) at {r.where}, {r.worst:.3g}× the tolerance"
+        for r in bad
+    )
+    if any(PROBED in r.where for r in bad):
+        text += (
+            ". At an exact 0, ±1 or a tie the derivative is a convention: sympy's Max and Min split a tie's "
+            "gradient in halves (torch.maximum's), Abs's is 0 at 0; torch.relu's 0 at 0 is "
+            "Piecewise((x, x > 0), (0, True)), and 1 at 0 Piecewise((x, x >= 0), (0, True))"
+        )
+    return text

@@ -217,6 +217,7 @@ def check(
 
     The spec's sympy expressions in float32 and bfloat16, at the op's example shapes."""
     from .check import check as check_op
+    from .check import disagreement
     from .errors import SpecError
 
     if all_ == bool(ops):
@@ -238,15 +239,8 @@ def check(
             for r in results
         ],
     )
-    bad = [r for r in results if not r.ok]
-    if bad:
-        raise SpecError(
-            "the math and the reference disagree: "
-            + "; ".join(
-                f"{r.op} (convention {r.convention}, {r.dtype}) at {r.where}, {r.worst:.3g}× the tolerance"
-                for r in bad
-            )
-        )
+    if bad := [r for r in results if not r.ok]:
+        raise SpecError(disagreement(bad))
 
 
 def _shape(text: str) -> tuple[int, ...]:

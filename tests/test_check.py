@@ -54,3 +54,55 @@ def test_a_slip_in_the_math_is_caught(tmp_path, monkeypatch, op, text, slip):
         assert "rmsnorm | single_rounding | float32 | 6 | " in result.output  # the others are still listed
     finally:
         load_spec.cache_clear()
+
+
+RELU = """
+import sympy as sp
+import torch
+
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.elementwise import Elementwise
+
+x = sp.Symbol("x")
+
+spec = OpSpec(
+    name="NAME",
+    summary="ReLU",
+    tensors=[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", role="output")],
+    structure=Elementwise(
+        conventions=[Convention(name="single_rounding", outputs={"out": MATH}, matches="-")]
+    ),
+    reference=lambda x: REFERENCE,
+)
+"""
+
+
+@pytest.mark.parametrize(
+    "math, reference, agree",
+    [
+        ("sp.Max(x, 0)", "torch.relu(x.double())", False),  # sympy's derivative at 0 is ½, torch.relu's 0
+        ("sp.Piecewise((x, x > 0), (0, True))", "torch.relu(x.double())", True),
+        ("sp.Max(x, 0)", "torch.maximum(x.double(), torch.zeros_like(x.double()))", True),  # ½ both
+        ("sp.Piecewise((x, x >= 0), (0, True))", "torch.where(x >= 0, x.double(), 0.0)", True),  # 1 at 0
+    ],
+)
+def test_the_derivative_at_a_kink_is_checked(tmp_path, monkeypatch, math, reference, agree):
+    """Random inputs never land on a kink: `kgen check` also probes exact 0, ±1 and ties, where a derivative
+    is a convention (torch.relu's 0 at 0, torch.maximum's ½, a torch.where's 1), and names the conventions
+    when a probe fails."""
+    (tmp_path / "kinked.py").write_text(
+        RELU.replace("NAME", "kinked").replace("MATH", math).replace("REFERENCE", reference)
+    )
+    monkeypatch.setenv("KGEN_OPS_PATH", str(tmp_path))
+    load_spec.cache_clear()
+    try:
+        results = check("kinked")
+        assert all(r.ok for r in results if r.op == "kinked")  # the forward agrees everywhere
+        backward = [r for r in results if r.op == "kinked_backward"]
+        assert len(backward) == 2 and all(r.ok == agree for r in backward), backward
+        assert agree or all("(exact 0, ±1, tied inputs), grad_x" in r.where for r in backward)
+        result = CliRunner().invoke(app, ["check", "kinked"])
+        assert result.exit_code == (0 if agree else 2), result.output
+        assert ("Piecewise((x, x > 0), (0, True))" in " ".join(result.output.split())) == (not agree)
+    finally:
+        load_spec.cache_clear()

@@ -146,7 +146,7 @@ ALLOWED = {
 # Lines per module, with room to grow: a module that outgrows its size should be split, not packed denser.
 SIZES = {
     "families/row_reduce.py": 700,
-    "families/base.py": 415,  # example_input(s): the inputs a family draws (labels, a saved loss)
+    "families/base.py": 430,  # example_input(s): the inputs a family draws (labels, a saved loss, probes)
     "families/rotary.py": 540,
     "families/rotary_backward.py": 140,
     "families/rotary_grid.py": 200,
@@ -169,7 +169,7 @@ SIZES = {
     "profile.py": 140,
     "codegen.py": 170,
     "planner.py": 60,
-    "check.py": 100,
+    "check.py": 110,  # the error names a failed probe's conventions
     "autodiff.py": 124,
     "errors.py": 40,
     "integrations/diffusers.py": 340,

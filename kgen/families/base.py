@@ -190,16 +190,33 @@ class Family:
         raise NotImplementedError
 
     def example_inputs(
-        self, spec: OpSpec, case: Case, dtype, generator, device="cpu", magnitude=1.0, present=None
+        self,
+        spec: OpSpec,
+        case: Case,
+        dtype,
+        generator,
+        device="cpu",
+        magnitude=1.0,
+        present=None,
+        probes=False,
     ) -> list:
         """Every input's example value (``example_input``), None for an optional one ``present`` leaves out;
-        a family whose inputs depend on each other (a saved forward output) fills them in together."""
-        return [
+        a family whose inputs depend on each other (a saved forward output) fills them in together.
+        ``probes``: exact 0, 1, -1 in turn at elements 0, 4, 8, ... of every floating input (ties) and at
+        2, 6, 10, ... shifted by its place (kinks of max, min, abs, piecewise; the others not 0 there)."""
+        inputs = [
             None
             if t.optional and not (present or {}).get(t.name, True)
             else self.example_input(spec, t, case, dtype, generator, device, magnitude)
             for t in spec.inputs
         ]
+        for place, x in enumerate(inputs if probes else []):
+            if x is not None and x.is_floating_point() and x.numel():
+                cycle = x.new_tensor([0.0, 1.0, -1.0])
+                for start, shift in ((0, 0), (2, place)):
+                    probed = x.view(-1)[start::4]
+                    probed.copy_(cycle.roll(-shift).repeat(probed.numel())[: probed.numel()])
+        return inputs
 
     def example_input(
         self, spec: OpSpec, tensor: Tensor, case: Case, dtype, generator, device="cpu", magnitude: float = 1.0

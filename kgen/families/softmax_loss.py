@@ -279,12 +279,10 @@ class SoftmaxLossFamily(Family):
         dropped = torch.randint(0, 5, shape, generator=generator, device=device) == 0
         return torch.where(dropped, torch.full_like(label, ignore), label)
 
-    def example_inputs(
-        self, spec: OpSpec, case: Case, dtype, generator, device="cpu", magnitude=1.0, present=None
-    ) -> list:
+    def example_inputs(self, spec: OpSpec, case: Case, *args, **options) -> list:
         """As any family's; a gradient's saved loss is then the forward's loss of those scores and labels
         (the inverse of lse_from, in float64, rounded to float32; 0 where the label is ignored)."""
-        inputs = super().example_inputs(spec, case, dtype, generator, device, magnitude, present)
+        inputs = super().example_inputs(spec, case, *args, **options)
         saved, _ = spec.structure.row_floats(spec)
         if saved is not None:
             (loss,) = sp.solve(sp.Eq(lse, spec.structure.lse_from), sp.Symbol(saved.name))
