@@ -39,8 +39,8 @@ def differentiable(expr: sp.Expr) -> sp.Expr:
 
 
 def _step(u: sp.Expr) -> sp.Expr:
-    """Heaviside(u) as a printable conditional: ½ at 0, so max(x, y) splits a tie's gradient as torch does."""
-    return sp.Piecewise((1, u > 0), (sp.Rational(1, 2), sp.Eq(u, 0)), (0, True))
+    """Heaviside(u) as a printable conditional, torch.maximum's: ½ at 0 (a tie's halves), 1 where u is NaN."""
+    return sp.Piecewise((0, u < 0), (sp.Rational(1, 2), sp.Eq(u, 0)), (1, True))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -52,6 +52,16 @@ class CudaPrinter(C99CodePrinter):
             text = f"({self._print(cond)} ? {self._print(value)} : {text})"
         return text
 
+    def _print_Max(self, expr, helper="nan_max"):  # torch.maximum's NaN: fmaxf would return the other operand
+        args = [self._print(sp.Float(a) if a.is_Number else a) for a in expr.args]  # one type: a template's
+        text = args[0]
+        for arg in args[1:]:
+            text = f"{helper}({text}, {arg})"
+        return text
+
+    def _print_Min(self, expr):
+        return self._print_Max(expr, "nan_min")
+
     def _print_sigmoid(self, expr):
         f = "f" if self._suffix else ""
         return f"(1.0{self._suffix} / (1.0{self._suffix} + exp{f}(-({self._print(expr.args[0])}))))"

@@ -259,6 +259,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // An intermediate rounding to the I/O dtype, where the matched library performs one.
 template <typename T> __device__ __forceinline__ float round_to_io(float v) { return to_float(from_float<T>(v)); }
 
+// A spec's Max and Min, as torch.maximum and torch.minimum: NaN where either operand is NaN (fmax and fmin
+// return the other operand).
+template <typename V> __device__ __forceinline__ V nan_max(V a, V b) { return (a != a || b != b) ? a + b : fmax(a, b); }
+template <typename V> __device__ __forceinline__ V nan_min(V a, V b) { return (a != a || b != b) ? a + b : fmin(a, b); }
+
 // ELEMS consecutive elements moved by one access: 16 bytes on the vector path.
 template <typename T, int ELEMS> struct alignas(sizeof(T) * ELEMS) Pack {
   T v[ELEMS];
