@@ -18,7 +18,7 @@ timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_ops_gpu.p
     -k "residual_adaln_rmsnorm or adaln_layernorm or qk_norm_rope_flux" > "$R/t-landed.log" 2>&1
 done_ "landed kernels tests" $?
 timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_ops_gpu.py tests/test_rotary_gpu.py \
-    tests/test_rotary_norm_gpu.py > "$R/t-launchers.log" 2>&1
+    tests/test_rotary_norm_gpu.py tests/test_extremes.py > "$R/t-launchers.log" 2>&1
 done_ "row and rotary forward tests" $?
 # 2. Qwen3-8B decode under CUDA graphs: each cache now filled by the uncompiled module (its tensors marked static)
 timeout 480 python3 -m kgen bench --e2e qwen3 --graphs --out "$R/after" --build-dir /tmp/kb > "$R/graphs.log" 2>&1
