@@ -136,6 +136,8 @@ def evaluate(expr: sp.Expr, values: dict, round_io):
             "tanh": torch.tanh,
             "erf": torch.erf,
             "sqrt": torch.sqrt,
+            "sin": torch.sin,
+            "cos": torch.cos,
             "Abs": torch.abs,
             "floor": torch.floor,
             "re": lambda v: v,

@@ -591,4 +591,6 @@ _NODES = (
     sp.logic.boolalg.BooleanAtom,
     sp.functions.elementary.piecewise.ExprCondPair,
 )  # and these:
-SUPPORTED_FUNCTIONS = set("to_io_dtype sigmoid exp log tanh erf sqrt Abs Max Min Piecewise floor re".split())
+SUPPORTED_FUNCTIONS = set(
+    "to_io_dtype sigmoid exp log tanh erf sqrt sin cos Abs Max Min Piecewise floor re".split()
+)

@@ -318,6 +318,8 @@ def test_a_rounding_differentiates_as_the_identity_and_a_kept_rounded_value_stay
     [
         (sp.Abs(sp.Symbol("x")), [-2.0, 0.0, 3.0], [-1.0, 0.0, 1.0]),  # torch's abs gradient: sign, 0 at 0
         (sp.Max(sp.Symbol("x"), 1), [0.0, 1.0, 2.0], [0.0, 0.5, 1.0]),  # a tie splits, as torch.maximum
+        (sp.Max(sp.Symbol("x"), 1), [float("nan")], [1.0]),  # torch.maximum: a NaN's operands take it all
+        (sp.sin(sp.Symbol("x")), [0.0], [1.0]),
         (sp.floor(sp.Symbol("x")), [0.5, 1.5], [0.0, 0.0]),
     ],
 )

@@ -18,6 +18,7 @@ def test_fp32_functions_and_intrinsics():
             "c": sp.exp(x) * sp.Rational(1, 2),
             "d": sp.erf(x) + sp.tanh(x),
             "e": sp.sqrt(x),
+            "f": sp.sin(x) * sp.cos(x),  # e.g. Snake's sin(αx)² and its derivative
         },
         {},
     )
@@ -26,6 +27,7 @@ def test_fp32_functions_and_intrinsics():
     assert "c = (1.0F/2.0F)*expf(x);" in lines
     assert "d = tanhf(x) + erff(x);" in lines
     assert "e = sqrtf(x);" in lines
+    assert "f = sinf(x)*cosf(x);" in lines
 
 
 def test_names_and_io_rounding():
