@@ -398,7 +398,7 @@ def unprintable(draw, plan: Plan):
                     sp.I * h,
                     sp.zoo,
                     sp.Integral(h, h),
-                    sp.sin(h),
+                    sp.atan(h),
                     sp.Function("f")(h),
                     sp.Mod(h, 3),
                     sp.Derivative(sp.Function("g")(h), h),
