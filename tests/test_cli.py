@@ -281,3 +281,29 @@ def test_a_spec_of_ones_own_folder_builds_and_takes_its_shapes_from_beside_it(tm
         assert "{'x': (3, 40)}" in benchmark and "{'x': (2, 5, 8)}" in benchmark
     finally:
         load_spec.cache_clear()
+
+
+def test_the_readmes_own_op_checks_and_builds(tmp_path, monkeypatch):
+    """README's "An op of your own" example, as written there: its spec and shapes file in a folder of their
+    own, `kgen check` and `kgen build` on them, the benchmark shapes read from beside the spec."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+    def block(first_line: str) -> str:  # the fenced block that opens with this comment line
+        start = readme.index(first_line + "\n")
+        return readme[start : readme.index("```", start)]
+
+    folder = tmp_path / "my_ops"
+    folder.mkdir()
+    (folder / "leaky_relu.py").write_text(block("# my_ops/leaky_relu.py"))
+    (folder / "shapes.toml").write_text(block("# my_ops/shapes.toml"))
+    monkeypatch.setenv("KGEN_OPS_PATH", str(folder))
+    load_spec.cache_clear()
+    try:
+        result = run("check", "leaky_relu")
+        assert result.exit_code == 0 and "DISAGREE" not in result.output, result.output
+        result = run("build", "leaky_relu", "--arch", "sm_90", "--out", str(tmp_path / "generated"))
+        assert result.exit_code == 0, result.output
+        assert (tmp_path / "generated" / "leaky-relu-sm90" / "tests").is_dir()
+        assert [c.shape for c in suite("leaky_relu")] == [(8192, 4096), (64, 14336), (1, 4096)]
+    finally:
+        load_spec.cache_clear()
