@@ -160,3 +160,50 @@ def markdown(result: dict) -> str:
     if "fwd_bwd_us" in result["rows"][0]:
         lines += _times_table(result["rows"], "fwd_bwd_us", "Forward + backward:")
     return "\n".join(lines) + "\n"
+
+
+# The region of a Markdown file that `kgen report --into` rewrites; the rest of the file is kept as it is.
+REPORT_BEGIN = (
+    "<!-- kgen report: begin (`kgen report DIR --into FILE` rewrites what is between these lines) -->"
+)
+REPORT_END = "<!-- kgen report: end -->"
+
+
+def report(results: Path, ops: list[str], peers: dict[str, dict[str, str]]) -> str:
+    """One run's report from a `kgen bench` output folder: the summary over its ops (forward, then backward),
+    the end-to-end tables it holds (e2e-*.md), then each op's table with its peers (``peers``: op -> peer
+    name -> what it runs). ``ops`` orders the ops; an op without results there is left out."""
+    import json
+
+    runs = {
+        s: [json.loads(p.read_text()) for o in ops if (p := results / f"{o}{s}.json").is_file()]
+        for s in ("", "-backward")
+    }
+    if not any(runs.values()):
+        raise FileNotFoundError(f"no `kgen bench` results (<op>.json) in {results}")
+    parts = [f"### Summary{' of the backward' * bool(s)}\n\n{summary(rs)}" for s, rs in runs.items() if rs]
+    parts += [p.read_text().strip() + "\n" for p in sorted(results.glob("e2e-*.md"))]
+    for result in runs[""] + runs["-backward"]:
+        named = peers.get(result["op"], {})
+        timed = [n for n in implementations(result["rows"]) if n != "kgen"]
+        said = "; ".join(
+            f"{n}: {named[n]}"
+            if named.get(n)
+            else f"{n}: compiled afresh per shape"
+            if "compile(" in n
+            else n
+            for n in timed
+        )
+        title = result["op"] + (" (backward)" if "fwd_bwd_us" in result["rows"][0] else "")
+        parts.append(f"### {title}\n\n" + (f"Peers: {said}.\n\n" if said else "") + markdown(result))
+    return "\n".join(parts)
+
+
+def replace_region(text: str, body: str, where: str) -> str:
+    """``text`` with what lies between REPORT_BEGIN and REPORT_END replaced by ``body``."""
+    start, end = text.find(REPORT_BEGIN), text.find(REPORT_END)
+    if start < 0 or end < start:
+        raise ValueError(
+            f"{where} has no region to rewrite: put the lines {REPORT_BEGIN} and {REPORT_END} in it"
+        )
+    return text[: start + len(REPORT_BEGIN)] + "\n\n" + body.strip() + "\n\n" + text[end:]

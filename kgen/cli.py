@@ -459,6 +459,35 @@ def tune(
 
 @app.command()
 @_user_errors
+def report(
+    results: Annotated[Path, typer.Argument(help="a `kgen bench` output folder")] = Path("bench/results"),
+    into: Annotated[
+        Optional[Path], typer.Option("--into", help="rewrite the marked region of this file (BENCHMARKS.md)")
+    ] = None,
+) -> None:
+    """Write one run's report: the summary, the end-to-end tables, each op's table with its peers.
+
+    To RESULTS/REPORT.md, or with --into between the file's `kgen report` marker lines."""
+    import inspect
+
+    from .bench_report import replace_region
+    from .bench_report import report as run_report
+
+    def doc(fn) -> str:  # a peer's docstring, its first paragraph on one line
+        return " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split()).rstrip(".")
+
+    docs = {op: {name: doc(fn) for name, fn in load_spec(op).peers.items()} for op in op_names()}
+    try:
+        body = run_report(results, op_names(), docs)
+        target = into or results / "REPORT.md"
+        target.write_text(replace_region(target.read_text(), body, str(target)) if into else body)
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    console.print(f"wrote {target}")
+
+
+@app.command()
+@_user_errors
 def plot(
     op: Annotated[str, typer.Argument(help="op name")],
     results: Annotated[

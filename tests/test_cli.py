@@ -307,3 +307,38 @@ def test_the_readmes_own_op_checks_and_builds(tmp_path, monkeypatch):
         assert [c.shape for c in suite("leaky_relu")] == [(8192, 4096), (64, 14336), (1, 4096)]
     finally:
         load_spec.cache_clear()
+
+
+def test_report_of_a_run_into_the_marked_region(tmp_path):
+    """`kgen report` from the committed results (bench/results: <op>.json, <op>-backward.json, e2e-*.md): the
+    summaries, each op's table with its peers; --into rewrites only the region between the marker lines (the
+    same output twice), and refuses a file without them or a folder without results."""
+    from kgen.bench_report import REPORT_BEGIN, REPORT_END
+
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for path in [*results.glob("rmsnorm*.json"), *results.glob("geglu*.json"), *results.glob("e2e-*.md")]:
+        (folder / path.name).write_text(path.read_text())
+    result = run("report", str(folder))
+    assert result.exit_code == 0, result.output
+    text = (folder / "REPORT.md").read_text()
+    assert text.startswith("### Summary\n") and "### Summary of the backward" in text
+    assert "\n### rmsnorm\n\nPeers: eager (transformers): transformers' LlamaRMSNorm.forward" in text
+    assert "torch.compile(eager (transformers)): compiled afresh per shape." in text
+    assert (
+        "| rmsnorm | 1×1024×2048 |" in text and "### geglu (backward)" in text and "### layernorm" not in text
+    )
+    assert "LTX-Video training step" in text  # e2e-ltx-train.md
+
+    target = tmp_path / "BENCHMARKS.md"
+    target.write_text(f"# before\n\n{REPORT_BEGIN}\nold\n{REPORT_END}\n\n# after\n")
+    for _ in range(2):
+        assert run("report", str(folder), "--into", str(target)).exit_code == 0
+        written = target.read_text()
+        assert written.startswith(f"# before\n\n{REPORT_BEGIN}\n\n### Summary\n") and "old" not in written
+        assert written.endswith(f"{REPORT_END}\n\n# after\n") and written.count("### rmsnorm\n") == 1
+    target.write_text("# no markers\n")
+    result = run("report", str(folder), "--into", str(target))
+    assert result.exit_code == 2 and "has no region to rewrite" in result.output
+    assert run("report", str(tmp_path / "empty")).exit_code == 2
