@@ -52,5 +52,6 @@ done_ "e2e wan-train" $?
 if grep -q H200 "$R/gpu.txt"; then
   timeout 600 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
   done_ suite $?
+  python3 -m kgen report "$R/suite-all" > "$R/report.log" 2>&1  # REPORT.md: `kgen report DIR --into BENCHMARKS.md`
 fi
 touch "$R/JOB_DONE"
