@@ -497,6 +497,7 @@ def plot(
     """Redraw <op>.png (GB/s against bytes moved, with the copy ceilings) from a `kgen bench` JSON."""
     from .bench_report import plot as draw
 
+    load_spec(op)  # an unknown op is named as such, not as missing results
     source = results / f"{op}.json"
     if not source.is_file():
         raise UsageError(f"no benchmark results at {source}: run `kgen bench {op}` on a GPU first")

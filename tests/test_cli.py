@@ -147,6 +147,8 @@ def test_plot_from_committed_results(tmp_path):
     assert (tmp_path / "rmsnorm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = run("plot", "layernorm", "--results", str(tmp_path))
     assert missing.exit_code == 2 and "run `kgen bench layernorm` on a GPU first" in missing.output
+    unknown = run("plot", "layernorn", "--results", str(tmp_path))
+    assert unknown.exit_code == 2 and "unknown op 'layernorn' (did you mean 'layernorm'?)" in unknown.output
 
 
 def test_build_several_ops_with_any_dtype_spelling(tmp_path):
