@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -29,6 +30,9 @@ from .profile import ArchProfile
 from .project import MultiTarget, Target, resolve_target, write_tree
 from .render import render_local_files, render_project
 
+# Where a build says what it does (compiling, linking, up to date) when its caller passes no `step`: a first
+# build takes about a minute an op, shown with logging.basicConfig(level="INFO") or step=print.
+PROGRESS = logging.getLogger("kgen.build")
 CXX = os.environ.get("CXX", "c++")
 
 
@@ -197,7 +201,7 @@ def write_project(target: Target | MultiTarget, out_root: Path) -> Path:
 
 
 def build_project(
-    project: Path, target: Target | MultiTarget, step: Callable[[str], None] = lambda _: None
+    project: Path, target: Target | MultiTarget, step: Callable[[str], None] = PROGRESS.info
 ) -> Path:
     """Compiles and links the target's project into project/build/<variant>/ (replaced atomically): each
     arch's kernels for its own target (and its PTX, for newer devices), the binding once."""
@@ -302,7 +306,7 @@ def build_project(
     return out
 
 
-def build_op(op: str, arch: str, root: Path, step: Callable[[str], None] = lambda _: None) -> Path:
+def build_op(op: str, arch: str, root: Path, step: Callable[[str], None] = PROGRESS.info) -> Path:
     """root/<op>-<arch>: written, then compiled for this torch (nothing to do where it is up to date)."""
     target = resolve_target(op, arch)
     project = write_project(target, root)

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, Callable, NamedTuple
 
-from ..builder import build_op, device_arch, load
+from ..builder import PROGRESS, build_op, device_arch, load
 from ..errors import KgenError
 from . import flux, wan
 from ._diffusers_common import Pending, gelu_forward, refuse_hooks, rms_forward
@@ -60,7 +60,7 @@ def patch(
     *,
     arch: str | None = None,
     root: Path = Path("generated"),
-    step: Callable[[str], None] = lambda _: None,
+    step: Callable[[str], None] = PROGRESS.info,
 ) -> dict[str, int]:
     """Patches ``model`` in place (before `enable_model_cpu_offload`, whose hooks wrap the forwards it
     finds); returns how many modules of each kind now run on kgen's kernels. Refuses a model it does not

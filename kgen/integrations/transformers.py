@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..builder import build_op, device_arch, load
+from ..builder import PROGRESS, build_op, device_arch, load
 from ..catalog import load_spec
 from ..errors import KgenError
 from . import attention, decoder
@@ -34,7 +34,7 @@ def kernelize(
     root: Path = Path("generated"),
     mode=None,
     causal_mask: bool = True,
-    step: Callable[[str], None] = lambda _: None,
+    step: Callable[[str], None] = PROGRESS.info,
 ) -> dict[str, str]:
     """Replaces the forward of every module of ``model`` that a layer of ``ops`` replaces (and whose condition
     holds) with that layer's, from ``root/<op>-<arch>`` (written and built when missing or stale). Returns
