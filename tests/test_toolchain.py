@@ -117,6 +117,16 @@ def test_build_variant_layout(cpu_built):
     assert f"ops = torch.ops.{metadata['id']}" in (variant / "_ops.py").read_text()
 
 
+def test_a_build_without_a_step_reports_to_the_log(cpu_built, caplog):
+    """Without a `step`, a build says what it does on the kgen.build logger (here: nothing to do)."""
+    from kgen.builder import build_project
+
+    target, project = cpu_built
+    with caplog.at_level("INFO", logger="kgen.build"):
+        build_project(project, target)
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.name == "kgen.build"] == ["up to date"]
+
+
 def test_loads_through_kernels_on_cpu(cpu_built):
     _, project = cpu_built
     kernel = load(project)
