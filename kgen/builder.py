@@ -31,7 +31,7 @@ from .project import MultiTarget, Target, resolve_target, write_tree
 from .render import render_local_files, render_project
 
 # Where a build says what it does (compiling, linking, up to date) when its caller passes no `step`: a first
-# build takes about a minute an op, shown with logging.basicConfig(level="INFO") or step=print.
+# build takes up to a minute an op, shown with logging.basicConfig(level="INFO") or step=print.
 PROGRESS = logging.getLogger("kgen.build")
 CXX = os.environ.get("CXX", "c++")
 
