@@ -1,7 +1,7 @@
 """Without a GPU: the hot kernels' machine code for sm_90 moves 16 bytes per global access on the
 vector path and uses no local memory. Two sources of evidence, each kernel entry checked apart:
-the PTX (`nvcc -ptx`, everywhere nvcc is: CI) and, where cuobjdump is on PATH (a CUDA machine),
-the SASS of the compiled object (`cuobjdump -sass`). Which entries are the vector path is read
+the PTX (`nvcc -ptx`, everywhere nvcc is) and, where cuobjdump is on PATH or installed by the test extras'
+wheel (CI), the SASS of the compiled object (`cuobjdump -sass`). Which entries are the vector path is read
 from the emitted .cu: the kernel template's ELEMS × sizeof(T) is 16 bytes there (and its VEC, where it
 has one, is true); the scalar
 fallbacks legitimately access one element at a time. Spills and stack frames of every kernel are
@@ -365,7 +365,7 @@ def op_listing(evidence: str, op: str, root: Path) -> list[Kernel]:
     else:
         obj = root / f"{op}.o"
         frames = {e.function: e.stack_frame for e in parse_ptxas(compile_kernel(project, op, profile, obj))}
-        sass = _run(["cuobjdump", "-sass", str(obj)], f"cuobjdump -sass {obj.name}")
+        sass = _run([cuobjdump(), "-sass", str(obj)], f"cuobjdump -sass {obj.name}")
         functions = {
             name: sass_accesses(body, frames[name])
             for name, body in split_functions(sass, SASS_FUNCTION).items()
@@ -376,12 +376,28 @@ def op_listing(evidence: str, op: str, root: Path) -> list[Kernel]:
     return kernels
 
 
+def cuobjdump() -> str | None:
+    """cuobjdump on PATH, else the one NVIDIA's nvidia-cuda-cuobjdump wheel (the test extras) installs, told
+    where the nvidia-cuda-nvdisasm wheel's nvdisasm is (beside it; cuobjdump -sass runs it)."""
+    if found := shutil.which("cuobjdump"):
+        return found
+    try:
+        import nvidia  # the namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return None
+    wheel = next((p for root in nvidia.__path__ for p in Path(root).glob("cu*/bin/cuobjdump")), None)
+    if wheel is None or not (wheel.parent / "nvdisasm").is_file():
+        return None
+    os.environ.setdefault("NVDISASM_PATH", str(wheel.parent))
+    return str(wheel)
+
+
 @pytest.fixture(scope="module", params=["PTX", "SASS"])
 def listings(request, tmp_path_factory):
     """(evidence, op -> a future of its kernels): every hot op compiled at once, in parallel."""
     evidence = request.param
-    if evidence == "SASS" and shutil.which("cuobjdump") is None:
-        pytest.skip("cuobjdump not on PATH (a CUDA toolkit's bin/): the PTX variant checks this machine")
+    if evidence == "SASS" and cuobjdump() is None:
+        pytest.skip("no cuobjdump (a CUDA toolkit's bin/, or the test extras' wheel): the PTX variant checks")
     root = tmp_path_factory.mktemp(evidence.lower())
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         futures: dict[str, Future] = {op: pool.submit(op_listing, evidence, op, root) for op in HOT_OPS}
