@@ -144,6 +144,32 @@ def test_loads_through_kernels_on_cpu(cpu_built):
             kernel.rmsnorm(x, torch.empty(63, device="cuda", dtype=torch.bfloat16))
 
 
+def test_fake_kernels_refuse_what_the_binding_refuses(cpu_built):
+    """A dtype the build lacks or a param the kernel cannot take fails while torch.compile traces (in the
+    fake kernel), with the binding's error, not first when the compiled graph runs on a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, project = cpu_built
+    kernel = load(project)
+    with FakeTensorMode():
+        for dtype in (torch.float64, torch.int32):
+            x = torch.empty(2, 64, device="cuda", dtype=dtype)
+            with pytest.raises(
+                TypeError, match=rf"rmsnorm: x has dtype {dtype}, which this build \(sm_90\) does not"
+            ):
+                kernel.rmsnorm(x)
+        x = torch.empty(2, 64, device="cuda", dtype=torch.bfloat16)
+        zero, inf = (
+            2.0**-150,
+            3.4028235677973366e38,
+        )  # the largest double float32 rounds to 0, the smallest to inf
+        for eps in (-1e-6, 0.0, zero, 1e-300, inf, 1e300, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="rmsnorm: eps must be a finite number > 0 in float32"):
+                kernel.rmsnorm(x, eps=eps)
+        for eps in (2.0**-149, 3.4028235677973362e38):  # float32's smallest subnormal, its largest number
+            assert kernel.rmsnorm(x, eps=eps).shape == x.shape
+
+
 def test_a_second_copy_of_a_build_loads_and_reuses_its_ops(cpu_built, tmp_path):
     """Another folder holding the same build (same sources and flags, so the same op namespace), loaded
     after the first, reuses the registered ops and fake kernels instead of registering them again (torch
@@ -244,7 +270,7 @@ def test_autograd_in_the_binding_on_meta_tensors(cpu_built, tmp_path):
     project = write_project(target, tmp_path)
     build_project(project, target)
     silu_mul = load(project)
-    x, up = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
+    x, up = (torch.randn(4, 40, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     for convention in silu_mul.CONVENTIONS:
         out = silu_mul.silu_mul(x, up, convention=convention)
         grads = torch.autograd.grad(out.sum(), [x, up], create_graph=True)
@@ -285,8 +311,8 @@ def test_a_prologue_backward_on_meta_tensors(tmp_path):
     project = write_project(target, tmp_path)
     build_project(project, target)
     fused = load(project)
-    x, r = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
-    w = torch.randn(40, device="meta", requires_grad=True)
+    x, r = (torch.randn(4, 40, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    w = torch.randn(40, device="meta", dtype=torch.bfloat16, requires_grad=True)
     for convention in fused.CONVENTIONS:
         out, residual_out = fused.fused_add_rmsnorm(x, r, w, convention=convention)
         grads = torch.autograd.grad((out + residual_out).sum(), [x, r, w])
@@ -307,9 +333,9 @@ def test_rotary_autograd_on_meta_tensors(tmp_path):
     project = write_project(target, tmp_path)
     build_project(project, target)
     rope = load(project)
-    q = torch.randn(2, 4, 6, 64, device="meta", requires_grad=True)
-    k = torch.randn(2, 2, 6, 64, device="meta", requires_grad=True)
-    cos, sin = (torch.randn(2, 6, 64, device="meta") for _ in range(2))
+    q = torch.randn(2, 4, 6, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 2, 6, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = (torch.randn(2, 6, 64, device="meta", dtype=torch.bfloat16) for _ in range(2))
     for convention in rope.CONVENTIONS:
         out, k_out = rope.rope(q, k, cos, sin, convention=convention)
         assert [g.shape for g in torch.autograd.grad((out.sum(), k_out.sum()), [q, k])] == [q.shape, k.shape]
@@ -335,9 +361,10 @@ def test_modulation_autograd_on_meta_tensors(tmp_path):
     project = write_project(target, tmp_path)
     build_project(project, target)
     op = load(project)
-    x, h, gate = (torch.randn(2, 6, 64, device="meta", requires_grad=True) for _ in range(3))
-    scale, shift = (torch.randn(2, 1, 64, device="meta", requires_grad=True) for _ in range(2))
-    weight = torch.randn(64, device="meta", requires_grad=True)
+    meta = dict(device="meta", dtype=torch.bfloat16, requires_grad=True)  # the build's dtype
+    x, h, gate = (torch.randn(2, 6, 64, **meta) for _ in range(3))
+    scale, shift = (torch.randn(2, 1, 64, **meta) for _ in range(2))
+    weight = torch.randn(64, **meta)
     for given in ([x, h, scale, shift, gate, weight], [x, h, scale, shift, None, weight]):
         out, residual = op.residual_adaln_rmsnorm(*given)
         leaves = [t for t in given if t is not None]
@@ -363,7 +390,7 @@ def test_autograd_of_an_op_with_two_outputs_on_meta_tensors(tmp_path, monkeypatc
     finally:
         loader.cache_clear()
     pair = load(project)
-    x, y = (torch.randn(4, 40, device="meta", requires_grad=True) for _ in range(2))
+    x, y = (torch.randn(4, 40, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     prod, total = pair.pair_ops(x, y)
     assert [g.shape for g in torch.autograd.grad((prod + total).sum(), [x, y], retain_graph=True)] == [
         x.shape

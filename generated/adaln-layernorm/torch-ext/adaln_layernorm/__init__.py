@@ -39,8 +39,35 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _adaln_layernorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_layernorm."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through adaln_layernorm."""
 
     torch._check(x.dim() >= 1, lambda: "adaln_layernorm: x must have at least one dim")
     torch._check(scale.dtype == x.dtype, lambda: f"adaln_layernorm: scale has dtype {scale.dtype} but x has {x.dtype}")
@@ -51,6 +78,8 @@ def _adaln_layernorm_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Ten
     torch._check(shift.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(shift.shape, x.shape))),
                  lambda: f"adaln_layernorm: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
+    _check_io_dtype("adaln_layernorm", "x", x)
+    _check_float_param("adaln_layernorm", "eps", eps, positive=True)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -59,7 +88,7 @@ _register_fake("adaln_layernorm_diffusers", _adaln_layernorm_fake)
 
 
 def _adaln_layernorm_backward_fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, grad_out: torch.Tensor, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through adaln_layernorm_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through adaln_layernorm_backward."""
 
     torch._check(x.dim() >= 1, lambda: "adaln_layernorm_backward: x must have at least one dim")
     torch._check(scale.dtype == x.dtype, lambda: f"adaln_layernorm_backward: scale has dtype {scale.dtype} but x has {x.dtype}")
@@ -72,6 +101,8 @@ def _adaln_layernorm_backward_fake(x: torch.Tensor, scale: torch.Tensor, shift: 
                  lambda: f"adaln_layernorm_backward: shift must broadcast to {list(x.shape)}, got {list(shift.shape)}")
     torch._check(grad_out.dtype == x.dtype, lambda: f"adaln_layernorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "adaln_layernorm_backward: grad_out must have the shape of x")
+    _check_io_dtype("adaln_layernorm_backward", "x", x)
+    _check_float_param("adaln_layernorm_backward", "eps", eps, positive=True)
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(scale.shape, dtype=x.dtype, device=x.device), x.new_empty([0] if shift.shape == x.shape else shift.shape))
 
 

@@ -35,11 +35,39 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_89) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _cross_entropy_fake(logits: torch.Tensor, label: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through cross_entropy."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through cross_entropy."""
     torch._check(logits.dim() >= 1 and logits.shape[-1] >= 1, lambda: "cross_entropy: logits must have at least one dim, the last >= 1")
     torch._check(label.dtype == torch.int64, lambda: f"cross_entropy: label must be int64, got {label.dtype}")
     torch._check(label.shape == logits.shape[:-1], lambda: "cross_entropy: label must have the shape of logits without its last dim")
+    _check_io_dtype("cross_entropy", "logits", logits)
     return torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
 
 
@@ -47,7 +75,7 @@ _register_fake("cross_entropy", _cross_entropy_fake)
 
 
 def _cross_entropy_backward_fake(logits: torch.Tensor, label: torch.Tensor, loss: torch.Tensor, grad_loss: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through cross_entropy_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through cross_entropy_backward."""
     torch._check(logits.dim() >= 1 and logits.shape[-1] >= 1, lambda: "cross_entropy_backward: logits must have at least one dim, the last >= 1")
     torch._check(label.dtype == torch.int64, lambda: f"cross_entropy_backward: label must be int64, got {label.dtype}")
     torch._check(label.shape == logits.shape[:-1], lambda: "cross_entropy_backward: label must have the shape of logits without its last dim")
@@ -55,6 +83,7 @@ def _cross_entropy_backward_fake(logits: torch.Tensor, label: torch.Tensor, loss
     torch._check(loss.shape == logits.shape[:-1], lambda: "cross_entropy_backward: loss must have the shape of logits without its last dim")
     torch._check(grad_loss.dtype == torch.float32, lambda: f"cross_entropy_backward: grad_loss must be float32, got {grad_loss.dtype}")
     torch._check(grad_loss.shape == logits.shape[:-1], lambda: "cross_entropy_backward: grad_loss must have the shape of logits without its last dim")
+    _check_io_dtype("cross_entropy_backward", "logits", logits)
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 

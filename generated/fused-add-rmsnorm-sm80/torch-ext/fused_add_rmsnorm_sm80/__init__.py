@@ -48,8 +48,35 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_80) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _fused_add_rmsnorm_fake(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm."""
 
     torch._check(x.dim() >= 1, lambda: "fused_add_rmsnorm: x must have at least one dim")
     if weight is not None:
@@ -58,6 +85,8 @@ def _fused_add_rmsnorm_fake(x: torch.Tensor, residual: torch.Tensor, weight: Opt
                      lambda: f"fused_add_rmsnorm: weight must have shape [{x.shape[-1]}], got {list(weight.shape)}")
     torch._check(residual.dtype == x.dtype, lambda: f"fused_add_rmsnorm: residual has dtype {residual.dtype} but x has {x.dtype}")
     torch._check(residual.shape == x.shape, lambda: "fused_add_rmsnorm: residual must have the shape of x")
+    _check_io_dtype("fused_add_rmsnorm", "x", x)
+    _check_float_param("fused_add_rmsnorm", "eps", eps, positive=True)
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
@@ -73,7 +102,7 @@ _register_fake("fused_add_rmsnorm_transformers_", _fused_add_rmsnorm_inplace_fak
 
 
 def _fused_add_rmsnorm_backward_fake(residual_out: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through fused_add_rmsnorm_backward."""
 
     torch._check(residual_out.dim() >= 1, lambda: "fused_add_rmsnorm_backward: residual_out must have at least one dim")
     if weight is not None:
@@ -84,6 +113,8 @@ def _fused_add_rmsnorm_backward_fake(residual_out: torch.Tensor, grad_out: torch
     torch._check(grad_out.shape == residual_out.shape, lambda: "fused_add_rmsnorm_backward: grad_out must have the shape of residual_out")
     torch._check(grad_residual_out.dtype == residual_out.dtype, lambda: f"fused_add_rmsnorm_backward: grad_residual_out has dtype {grad_residual_out.dtype} but residual_out has {residual_out.dtype}")
     torch._check(grad_residual_out.shape == residual_out.shape, lambda: "fused_add_rmsnorm_backward: grad_residual_out must have the shape of residual_out")
+    _check_io_dtype("fused_add_rmsnorm_backward", "residual_out", residual_out)
+    _check_float_param("fused_add_rmsnorm_backward", "eps", eps, positive=True)
     return (torch.empty(residual_out.shape, dtype=residual_out.dtype, device=residual_out.device), residual_out.new_empty(residual_out.shape[-1:] if weight is not None else [0]))
 
 

@@ -42,11 +42,39 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_120) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _geglu_fake(x: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through geglu."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through geglu."""
 
     torch._check(x.dim() >= 1, lambda: "geglu: x must have at least one dim")
     torch._check(x.shape[-1] % 2 == 0, lambda: "geglu: x holds two halves along its last dim, which must be even")
+    _check_io_dtype("geglu", "x", x)
     return torch.empty(list(x.shape[:-1]) + [x.shape[-1] // 2], dtype=x.dtype, device=x.device)
 
 
@@ -57,13 +85,14 @@ _register_fake("geglu_tanh_diffusers", _geglu_fake)
 
 
 def _geglu_backward_fake(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through geglu_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through geglu_backward."""
 
     torch._check(x.dim() >= 1, lambda: "geglu_backward: x must have at least one dim")
     torch._check(x.shape[-1] % 2 == 0, lambda: "geglu_backward: x holds two halves along its last dim, which must be even")
     torch._check(grad_out.dtype == x.dtype, lambda: f"geglu_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape[:-1] == x.shape[:-1] and grad_out.shape[-1] == x.shape[-1] // 2,
                  lambda: "geglu_backward: grad_out must have the shape of x with half its last dim")
+    _check_io_dtype("geglu_backward", "x", x)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 

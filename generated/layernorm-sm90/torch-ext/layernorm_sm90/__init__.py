@@ -36,8 +36,35 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_90) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-05) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through layernorm."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through layernorm."""
 
     torch._check(x.dim() >= 1, lambda: "layernorm: x must have at least one dim")
     if weight is not None:
@@ -48,6 +75,8 @@ def _layernorm_fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias
         torch._check(bias.dtype == x.dtype, lambda: f"layernorm: bias has dtype {bias.dtype} but x has {x.dtype}")
         torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
                      lambda: f"layernorm: bias must have shape [{x.shape[-1]}], got {list(bias.shape)}")
+    _check_io_dtype("layernorm", "x", x)
+    _check_float_param("layernorm", "eps", eps, positive=True)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -55,7 +84,7 @@ _register_fake("layernorm", _layernorm_fake)
 
 
 def _layernorm_backward_fake(x: torch.Tensor, grad_out: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-05) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through layernorm_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through layernorm_backward."""
 
     torch._check(x.dim() >= 1, lambda: "layernorm_backward: x must have at least one dim")
     if weight is not None:
@@ -68,6 +97,8 @@ def _layernorm_backward_fake(x: torch.Tensor, grad_out: torch.Tensor, weight: Op
                      lambda: f"layernorm_backward: bias must have shape [{x.shape[-1]}], got {list(bias.shape)}")
     torch._check(grad_out.dtype == x.dtype, lambda: f"layernorm_backward: grad_out has dtype {grad_out.dtype} but x has {x.dtype}")
     torch._check(grad_out.shape == x.shape, lambda: "layernorm_backward: grad_out must have the shape of x")
+    _check_io_dtype("layernorm_backward", "x", x)
+    _check_float_param("layernorm_backward", "eps", eps, positive=True)
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0]), x.new_empty(x.shape[-1:] if bias is not None else [0]))
 
 

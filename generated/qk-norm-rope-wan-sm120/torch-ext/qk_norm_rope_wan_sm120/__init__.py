@@ -44,6 +44,33 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_120) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _output_like(t: torch.Tensor) -> torch.Tensor:
     """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
     non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
@@ -57,7 +84,7 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _qk_norm_rope_wan_fake(x: torch.Tensor, k: torch.Tensor, x_weight: torch.Tensor, k_weight: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, dim_t: int = 44, dim_h: int = 42, dim_w: int = 42, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through qk_norm_rope_wan."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through qk_norm_rope_wan."""
     torch._check(x.dim() >= 1, lambda: "qk_norm_rope_wan: x must have at least one dim")
     torch._check(k.dtype == x.dtype, lambda: f"qk_norm_rope_wan: k has dtype {k.dtype} but x has {x.dtype}")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "qk_norm_rope_wan: k must have x's last dim")
@@ -65,6 +92,12 @@ def _qk_norm_rope_wan_fake(x: torch.Tensor, k: torch.Tensor, x_weight: torch.Ten
     torch._check(k_weight.dtype == x.dtype, lambda: f"qk_norm_rope_wan: k_weight has dtype {k_weight.dtype} but x has {x.dtype}")
     torch._check(x_weight.numel() == x.shape[-1] * (x.shape[1] if x.dim() == 4 else 1), lambda: "qk_norm_rope_wan: x_weight must have shape [H·D] or [H, D] (x's heads)")
     torch._check(k_weight.numel() == k.shape[-1] * (k.shape[1] if k.dim() == 4 else 1), lambda: "qk_norm_rope_wan: k_weight must have shape [H·D] or [H, D] (k's heads)")
+    _check_io_dtype("qk_norm_rope_wan", "x", x)
+    torch._check_value(frames > 0, lambda: f"qk_norm_rope_wan: frames must be an integer > 0, got {frames}")
+    torch._check_value(height > 0, lambda: f"qk_norm_rope_wan: height must be an integer > 0, got {height}")
+    torch._check_value(width > 0, lambda: f"qk_norm_rope_wan: width must be an integer > 0, got {width}")
+    _check_float_param("qk_norm_rope_wan", "theta", theta, positive=True)
+    _check_float_param("qk_norm_rope_wan", "eps", eps, positive=True)
     return (_output_like(x), _output_like(k))
 
 
@@ -72,7 +105,7 @@ _register_fake("qk_norm_rope_wan", _qk_norm_rope_wan_fake)
 
 
 def _qk_norm_rope_wan_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, x_weight: torch.Tensor, k_weight: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, dim_t: int = 44, dim_h: int = 42, dim_w: int = 42, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through qk_norm_rope_wan_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through qk_norm_rope_wan_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "qk_norm_rope_wan_backward: grad_out must have at least one dim")
     torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"qk_norm_rope_wan_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "qk_norm_rope_wan_backward: grad_k_out must have grad_out's last dim")
@@ -84,6 +117,12 @@ def _qk_norm_rope_wan_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Te
     torch._check(k_weight.dtype == grad_out.dtype, lambda: f"qk_norm_rope_wan_backward: k_weight has dtype {k_weight.dtype} but grad_out has {grad_out.dtype}")
     torch._check(x_weight.numel() == grad_out.shape[-1] * (grad_out.shape[1] if grad_out.dim() == 4 else 1), lambda: "qk_norm_rope_wan_backward: x_weight must have shape [H·D] or [H, D] (grad_out's heads)")
     torch._check(k_weight.numel() == grad_k_out.shape[-1] * (grad_k_out.shape[1] if grad_k_out.dim() == 4 else 1), lambda: "qk_norm_rope_wan_backward: k_weight must have shape [H·D] or [H, D] (grad_k_out's heads)")
+    _check_io_dtype("qk_norm_rope_wan_backward", "grad_out", grad_out)
+    torch._check_value(frames > 0, lambda: f"qk_norm_rope_wan_backward: frames must be an integer > 0, got {frames}")
+    torch._check_value(height > 0, lambda: f"qk_norm_rope_wan_backward: height must be an integer > 0, got {height}")
+    torch._check_value(width > 0, lambda: f"qk_norm_rope_wan_backward: width must be an integer > 0, got {width}")
+    _check_float_param("qk_norm_rope_wan_backward", "theta", theta, positive=True)
+    _check_float_param("qk_norm_rope_wan_backward", "eps", eps, positive=True)
     return (_output_like(grad_out), _output_like(grad_k_out), x_weight.new_empty(x_weight.shape), k_weight.new_empty(k_weight.shape))
 
 

@@ -38,8 +38,35 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_120) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _residual_layernorm_fp32_fake(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_layernorm_fp32."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through residual_layernorm_fp32."""
 
     torch._check(x.dim() >= 1, lambda: "residual_layernorm_fp32: x must have at least one dim")
     if weight is not None:
@@ -56,6 +83,8 @@ def _residual_layernorm_fp32_fake(x: torch.Tensor, h: torch.Tensor, gate: torch.
     torch._check(gate.dim() == x.dim() and all(a == b or (a == 1 and d + 1 < x.dim()) for d, (a, b) in
                                                 enumerate(zip(gate.shape, x.shape))),
                  lambda: f"residual_layernorm_fp32: gate must broadcast to {list(x.shape)}, got {list(gate.shape)}")
+    _check_io_dtype("residual_layernorm_fp32", "x", x)
+    _check_float_param("residual_layernorm_fp32", "eps", eps, positive=True)
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
@@ -63,7 +92,7 @@ _register_fake("residual_layernorm_fp32", _residual_layernorm_fp32_fake)
 
 
 def _residual_layernorm_fp32_backward_fake(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, grad_out: torch.Tensor, grad_residual_out: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through residual_layernorm_fp32_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through residual_layernorm_fp32_backward."""
 
     torch._check(x.dim() >= 1, lambda: "residual_layernorm_fp32_backward: x must have at least one dim")
     if weight is not None:
@@ -84,6 +113,8 @@ def _residual_layernorm_fp32_backward_fake(x: torch.Tensor, h: torch.Tensor, gat
     torch._check(grad_out.shape == x.shape, lambda: "residual_layernorm_fp32_backward: grad_out must have the shape of x")
     torch._check(grad_residual_out.dtype == x.dtype, lambda: f"residual_layernorm_fp32_backward: grad_residual_out has dtype {grad_residual_out.dtype} but x has {x.dtype}")
     torch._check(grad_residual_out.shape == x.shape, lambda: "residual_layernorm_fp32_backward: grad_residual_out must have the shape of x")
+    _check_io_dtype("residual_layernorm_fp32_backward", "x", x)
+    _check_float_param("residual_layernorm_fp32_backward", "eps", eps, positive=True)
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(gate.shape, dtype=torch.float32, device=x.device), x.new_empty(x.shape[-1:] if weight is not None else [0], dtype=torch.float32), x.new_empty(x.shape[-1:] if bias is not None else [0], dtype=torch.float32))
 
 

@@ -35,6 +35,33 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_75) does not support; "
+        "expected one of: float32, float16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _output_like(t: torch.Tensor) -> torch.Tensor:
     """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
     non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
@@ -48,12 +75,13 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rope_apply_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_apply."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through rope_apply."""
     torch._check(x.dim() >= 1, lambda: "rope_apply: x must have at least one dim")
     torch._check(cos.dtype == torch.float32, lambda: f"rope_apply: cos must be float32, got {cos.dtype}")
     torch._check(cos.shape[-1] == x.shape[-1], lambda: "rope_apply: cos must have x's last dim")
     torch._check(sin.dtype == torch.float32, lambda: f"rope_apply: sin must be float32, got {sin.dtype}")
     torch._check(sin.shape[-1] == x.shape[-1], lambda: "rope_apply: sin must have x's last dim")
+    _check_io_dtype("rope_apply", "x", x)
     return _output_like(x)
 
 
@@ -61,12 +89,13 @@ _register_fake("rope_apply", _rope_apply_fake)
 
 
 def _rope_apply_backward_fake(grad_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope_apply_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through rope_apply_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope_apply_backward: grad_out must have at least one dim")
     torch._check(cos.dtype == torch.float32, lambda: f"rope_apply_backward: cos must be float32, got {cos.dtype}")
     torch._check(cos.shape[-1] == grad_out.shape[-1], lambda: "rope_apply_backward: cos must have grad_out's last dim")
     torch._check(sin.dtype == torch.float32, lambda: f"rope_apply_backward: sin must be float32, got {sin.dtype}")
     torch._check(sin.shape[-1] == grad_out.shape[-1], lambda: "rope_apply_backward: sin must have grad_out's last dim")
+    _check_io_dtype("rope_apply_backward", "grad_out", grad_out)
     return _output_like(grad_out)
 
 

@@ -46,6 +46,33 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _output_like(t: torch.Tensor) -> torch.Tensor:
     """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
     non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
@@ -59,10 +86,23 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rope3d_qk_fake(x: torch.Tensor, k: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through rope3d_qk."""
     torch._check(x.dim() >= 1, lambda: "rope3d_qk: x must have at least one dim")
     torch._check(k.dtype == x.dtype, lambda: f"rope3d_qk: k has dtype {k.dtype} but x has {x.dtype}")
     torch._check(k.shape[-1] == x.shape[-1], lambda: "rope3d_qk: k must have x's last dim")
+    _check_io_dtype("rope3d_qk", "x", x)
+    torch._check_value(frames > 0, lambda: f"rope3d_qk: frames must be an integer > 0, got {frames}")
+    torch._check_value(height > 0, lambda: f"rope3d_qk: height must be an integer > 0, got {height}")
+    torch._check_value(width > 0, lambda: f"rope3d_qk: width must be an integer > 0, got {width}")
+    _check_float_param("rope3d_qk", "theta", theta, positive=True)
+    _check_float_param("rope3d_qk", "base_frames", base_frames, positive=True)
+    _check_float_param("rope3d_qk", "base_height", base_height, positive=True)
+    _check_float_param("rope3d_qk", "base_width", base_width, positive=True)
+    _check_float_param("rope3d_qk", "scale_t", scale_t, positive=True)
+    _check_float_param("rope3d_qk", "scale_h", scale_h, positive=True)
+    _check_float_param("rope3d_qk", "scale_w", scale_w, positive=True)
+    _check_float_param("rope3d_qk", "patch_t", patch_t, positive=True)
+    _check_float_param("rope3d_qk", "patch", patch, positive=True)
     return (_output_like(x), _output_like(k))
 
 
@@ -70,10 +110,23 @@ _register_fake("rope3d_qk", _rope3d_qk_fake)
 
 
 def _rope3d_qk_backward_fake(grad_out: torch.Tensor, grad_k_out: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_qk_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through rope3d_qk_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope3d_qk_backward: grad_out must have at least one dim")
     torch._check(grad_k_out.dtype == grad_out.dtype, lambda: f"rope3d_qk_backward: grad_k_out has dtype {grad_k_out.dtype} but grad_out has {grad_out.dtype}")
     torch._check(grad_k_out.shape[-1] == grad_out.shape[-1], lambda: "rope3d_qk_backward: grad_k_out must have grad_out's last dim")
+    _check_io_dtype("rope3d_qk_backward", "grad_out", grad_out)
+    torch._check_value(frames > 0, lambda: f"rope3d_qk_backward: frames must be an integer > 0, got {frames}")
+    torch._check_value(height > 0, lambda: f"rope3d_qk_backward: height must be an integer > 0, got {height}")
+    torch._check_value(width > 0, lambda: f"rope3d_qk_backward: width must be an integer > 0, got {width}")
+    _check_float_param("rope3d_qk_backward", "theta", theta, positive=True)
+    _check_float_param("rope3d_qk_backward", "base_frames", base_frames, positive=True)
+    _check_float_param("rope3d_qk_backward", "base_height", base_height, positive=True)
+    _check_float_param("rope3d_qk_backward", "base_width", base_width, positive=True)
+    _check_float_param("rope3d_qk_backward", "scale_t", scale_t, positive=True)
+    _check_float_param("rope3d_qk_backward", "scale_h", scale_h, positive=True)
+    _check_float_param("rope3d_qk_backward", "scale_w", scale_w, positive=True)
+    _check_float_param("rope3d_qk_backward", "patch_t", patch_t, positive=True)
+    _check_float_param("rope3d_qk_backward", "patch", patch, positive=True)
     return (_output_like(grad_out), _output_like(grad_k_out))
 
 

@@ -45,6 +45,33 @@ def _register_fake(name: str, fake) -> None:
         torch.library.register_fake(add_op_namespace_prefix(name))(fake)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, )  # this build's
+
+
+def _check_io_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """The binding's dtype check, made while tracing: a dtype this build lacks fails at compile time."""
+    torch._check_type(
+        t.dtype in _DTYPES,
+        lambda: f"{op}: {name} has dtype {t.dtype}, which this build (sm_89) does not support; "
+        "expected one of: float32, float16, bfloat16",
+    )
+
+
+_FLOAT32_INF = (2 - 2**-24) * 2**127  # the smallest number float32 rounds to inf
+_FLOAT32_ZERO = 2**-150  # the largest positive number it rounds to zero
+
+
+def _check_float_param(op: str, name: str, value: float, positive: bool) -> None:
+    """The binding's check of a float param, on the value the kernel gets (narrowed to float32: 1e300 is
+    inf there, 1e-300 zero; NaN fails every comparison); a symbolic value is left to the binding."""
+    if not isinstance(value, (int, float)):
+        return
+    torch._check_value(
+        abs(value) < _FLOAT32_INF and (value > _FLOAT32_ZERO or not positive),
+        lambda: f"{op}: {name} must be a finite number{' > 0' if positive else ''} in float32, got {value!r}",
+    )
+
+
 def _output_like(t: torch.Tensor) -> torch.Tensor:
     """A rotated output as the binding's output_like allocates it: in t's layout when t is dense and
     non-overlapping (as ATen decides it: its dims of two or more elements, ordered by stride, tile memory) with
@@ -58,8 +85,21 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rope3d_fake(x: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through rope3d."""
     torch._check(x.dim() >= 1, lambda: "rope3d: x must have at least one dim")
+    _check_io_dtype("rope3d", "x", x)
+    torch._check_value(frames > 0, lambda: f"rope3d: frames must be an integer > 0, got {frames}")
+    torch._check_value(height > 0, lambda: f"rope3d: height must be an integer > 0, got {height}")
+    torch._check_value(width > 0, lambda: f"rope3d: width must be an integer > 0, got {width}")
+    _check_float_param("rope3d", "theta", theta, positive=True)
+    _check_float_param("rope3d", "base_frames", base_frames, positive=True)
+    _check_float_param("rope3d", "base_height", base_height, positive=True)
+    _check_float_param("rope3d", "base_width", base_width, positive=True)
+    _check_float_param("rope3d", "scale_t", scale_t, positive=True)
+    _check_float_param("rope3d", "scale_h", scale_h, positive=True)
+    _check_float_param("rope3d", "scale_w", scale_w, positive=True)
+    _check_float_param("rope3d", "patch_t", patch_t, positive=True)
+    _check_float_param("rope3d", "patch", patch, positive=True)
     return _output_like(x)
 
 
@@ -67,8 +107,21 @@ _register_fake("rope3d", _rope3d_fake)
 
 
 def _rope3d_backward_fake(grad_out: torch.Tensor, frames: int = 1, height: int = 1, width: int = 1, theta: float = 10000.0, base_frames: float = 20.0, base_height: float = 2048.0, base_width: float = 2048.0, scale_t: float = 0.32, scale_h: float = 32.0, scale_w: float = 32.0, patch_t: float = 1.0, patch: float = 1.0) -> torch.Tensor:
-    """Shapes and dtypes only, so torch.compile and FakeTensor tracing see through rope3d_backward."""
+    """Shapes, dtypes and params only, so torch.compile and FakeTensor tracing see through rope3d_backward."""
     torch._check(grad_out.dim() >= 1, lambda: "rope3d_backward: grad_out must have at least one dim")
+    _check_io_dtype("rope3d_backward", "grad_out", grad_out)
+    torch._check_value(frames > 0, lambda: f"rope3d_backward: frames must be an integer > 0, got {frames}")
+    torch._check_value(height > 0, lambda: f"rope3d_backward: height must be an integer > 0, got {height}")
+    torch._check_value(width > 0, lambda: f"rope3d_backward: width must be an integer > 0, got {width}")
+    _check_float_param("rope3d_backward", "theta", theta, positive=True)
+    _check_float_param("rope3d_backward", "base_frames", base_frames, positive=True)
+    _check_float_param("rope3d_backward", "base_height", base_height, positive=True)
+    _check_float_param("rope3d_backward", "base_width", base_width, positive=True)
+    _check_float_param("rope3d_backward", "scale_t", scale_t, positive=True)
+    _check_float_param("rope3d_backward", "scale_h", scale_h, positive=True)
+    _check_float_param("rope3d_backward", "scale_w", scale_w, positive=True)
+    _check_float_param("rope3d_backward", "patch_t", patch_t, positive=True)
+    _check_float_param("rope3d_backward", "patch", patch, positive=True)
     return _output_like(grad_out)
 
 
