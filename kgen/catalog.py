@@ -193,12 +193,26 @@ def spec_hash(name: str) -> str:
     return digest.hexdigest()[:12]
 
 
+def _user_folder(name: str) -> Path | None:
+    """The $KGEN_OPS_PATH folder holding the op's spec; None for kgen's own ops."""
+    load_spec(name)
+    folder = Path(sys.modules[f"{_SPECS}.{name}"].__file__).resolve().parent
+    return None if folder == data_dir("ops").resolve() else folder
+
+
 def spec_origin(name: str) -> str:
     """Where the op's spec lives, as generated files name it: `ops/<op>.py` for kgen's own,
     `$KGEN_OPS_PATH/<op>.py` for a user's (no machine's own path lands in a generated file)."""
-    load_spec(name)
-    folder = Path(sys.modules[f"{_SPECS}.{name}"].__file__).resolve().parent
-    return f"ops/{name}.py" if folder == data_dir("ops").resolve() else f"$KGEN_OPS_PATH/{name}.py"
+    return f"ops/{name}.py" if _user_folder(name) is None else f"$KGEN_OPS_PATH/{name}.py"
+
+
+def tuning_file(op: str, arch: str) -> tuple[Path, str]:
+    """The op's `kgen tune` table for the arch and how messages name it: kgen's arch/tuning/<arch>.toml for
+    its own ops, tuning/<arch>.toml beside a user's spec (kgen's installation is not written for them)."""
+    folder = _user_folder(op)
+    if folder is None:
+        return data_dir("arch") / "tuning" / f"{arch}.toml", f"arch/tuning/{arch}.toml"
+    return folder / "tuning" / f"{arch}.toml", f"$KGEN_OPS_PATH/tuning/{arch}.toml"
 
 
 @cache
@@ -237,13 +251,13 @@ def load_profile(name: str) -> ArchProfile:
 
 
 @cache
-def load_tuning(arch: str) -> TuningTable | None:
-    """The committed `kgen tune` table of an arch (arch/tuning/<arch>.toml), if there is one."""
-    path = data_dir("arch") / "tuning" / f"{arch}.toml"
+def load_tuning(arch: str, op: str) -> TuningTable | None:
+    """The `kgen tune` table of the arch that holds the op's entries (`tuning_file`), if there is one."""
+    path, name = tuning_file(op, arch)
     if not path.is_file():
         return None
     try:
-        return TuningTable.model_validate(tomllib.loads(path.read_text()))
+        return TuningTable.model_validate(tomllib.loads(path.read_text())).model_copy(update={"file": name})
     except (tomllib.TOMLDecodeError, ValidationError) as err:
         raise ProfileError(f"tuning table {path} is invalid: {err}") from None
 

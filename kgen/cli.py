@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .catalog import arch_names, backward_spec, load_profile, load_spec, load_tuning, op_names
+from .catalog import arch_names, backward_spec, load_profile, load_spec, load_tuning, op_names, tuning_file
 from .errors import KgenError, UsageError
 
 app = typer.Typer(
@@ -299,15 +299,14 @@ def explain(
             explain(op, name, dtype, shape, backward, k_heads)
         return
     spec, profile = load_spec(op), load_profile(arch)
+    tuning, (_, table_file) = load_tuning(profile.name, op), tuning_file(op, profile.name)
     if backward:
         if (spec := backward_spec(op)) is None:
             raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
         op = spec.name
     dims = _shape(shape)
-    tuning = load_tuning(profile.name)
     plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
-    table_file = f"arch/tuning/{profile.name}.toml"
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made
     source = (
         f"{cited} choice(s) here from {table_file} (of its {len(entries)} entries for {op} {dtype}), "
@@ -434,7 +433,7 @@ def tune(
     build_dir: Annotated[Path, typer.Option("--build-dir", help="where the candidate builds go")] = Path(
         "build/tune"
     ),
-    write: Annotated[bool, typer.Option(help="merge the winners into arch/tuning/<arch>.toml")] = True,
+    write: Annotated[bool, typer.Option(help="merge the winners into the op's tuning table")] = True,
 ) -> None:
     """Measure the planner's candidate plans on this GPU and record the winners for `kgen build`."""
     from .tune import merge_and_write

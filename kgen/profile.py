@@ -102,6 +102,7 @@ class TuningTable(BaseModel):
     # a candidate replaces the rule only when this much faster: run-to-run noise is ~1 % (H200)
     margin: float = Field(default=0.02, ge=0)
     choices: list[TunedChoice] = []
+    file: str = Field(default="", exclude=True)  # how messages name the file it was read from (not written)
 
     def threads(self, op: str, dtype: str, max_row_bytes: int | None) -> tuple[int, str] | None:
         c = next(
@@ -123,7 +124,7 @@ class TuningTable(BaseModel):
         else:
             verdict = f"the rule's, confirmed by kgen tune on the {self.device} {self.date}"
         return (
-            f"{c.threads}: {verdict} (arch/tuning/{self.arch}.toml): {c.tuned_us:.1f} µs"
+            f"{c.threads}: {verdict} ({self.file or f'arch/tuning/{self.arch}.toml'}): {c.tuned_us:.1f} µs"
             + ("" if c.threads == c.rule_threads else f", the rule {c.rule_us:.1f} µs")
             + others
             + f" at {', '.join(c.shapes)}"

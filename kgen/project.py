@@ -37,7 +37,7 @@ class Target:
     profile: ArchProfile
     dtypes: tuple[str, ...]
     spec_hash: str
-    tuning: TuningTable | None = field(default=None, compare=False)  # the arch's `kgen tune` table
+    tuning: TuningTable | None = field(default=None, compare=False)  # the op's `kgen tune` table
 
     @property
     def op(self) -> str:
@@ -62,7 +62,9 @@ def resolve_target(op: str, arch: str, dtypes: list[str] | tuple[str, ...] | Non
     spec, profile = load_spec(op), load_profile(arch)
     for dtype in dtypes or []:
         check_dtype(profile, dtype)
-    return Target(spec, profile, tuple(dtypes or profile.dtypes), spec_hash(op), load_tuning(profile.name))
+    return Target(
+        spec, profile, tuple(dtypes or profile.dtypes), spec_hash(op), load_tuning(profile.name, op)
+    )
 
 
 @dataclass(frozen=True)

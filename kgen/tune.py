@@ -1,5 +1,6 @@
 """`kgen tune`: the planner's candidate plans measured on this GPU, winners written to the arch's
-tuning table (arch/tuning/<arch>.toml) that `kgen build` and `kgen explain` read.
+tuning table (arch/tuning/<arch>.toml; a user's op: tuning/<arch>.toml beside its spec) that `kgen build`
+and `kgen explain` read.
 
 Candidates: the rule's threads per row (per block for elementwise and rotary ops) and half and
 twice that, in every vector configuration the profile allows (register budget, at least one
@@ -23,7 +24,7 @@ import tomllib
 from rich.console import Console
 
 from .bench import Timer, example_inputs
-from .catalog import data_dir, load_profile, load_spec, load_tuning, suite
+from .catalog import load_profile, load_spec, load_tuning, suite, tuning_file
 from .errors import UsageError
 from .families import family_of
 from .families.base import Case
@@ -194,8 +195,8 @@ def tune(
 
 def merge_and_write(found: TuningTable, op: str, dtype: str) -> Path:
     """Replaces the op's (and dtype's) entries of the committed table by ``found``'s."""
-    path = data_dir("arch") / "tuning" / f"{found.arch}.toml"
-    old = load_tuning(found.arch)
+    path, _ = tuning_file(op, found.arch)
+    old = load_tuning(found.arch, op)
     kept = [c for c in (old.choices if old else []) if (c.op, c.dtype) != (op, dtype)]
     table = found.model_copy(
         update={"choices": sorted(kept + found.choices, key=lambda c: (c.op, c.dtype, c.max_row_bytes or 0))}

@@ -5,6 +5,7 @@ summary read measured rows the way BENCHMARKS.md states the bars."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -101,7 +102,7 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     assert plain["rmsnorm_cuda/rmsnorm.cu"] != with_table["rmsnorm_cuda/rmsnorm.cu"]
     assert "tuned on the NVIDIA H200" in with_table["rmsnorm_cuda/rmsnorm.cu"]
 
-    monkeypatch.setattr(kgen.cli, "load_tuning", lambda arch: table(choice()))
+    monkeypatch.setattr(kgen.cli, "load_tuning", lambda arch, op: table(choice()))
     out = CliRunner().invoke(app, ["explain", "rmsnorm", "--shape", "8192x4096"])
     text = " ".join(out.output.replace("│", " ").split())
     assert out.exit_code == 0 and "1 choice(s) here from arch/tuning/sm_90.toml (of its 1 entries" in text
@@ -133,10 +134,9 @@ def test_a_table_over_the_register_budget_is_refused():
 
 
 def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
-    arch = tmp_path / "arch"
+    arch, data_dir = tmp_path / "arch", kgen.catalog.data_dir
     arch.mkdir()
-    monkeypatch.setattr(kgen.catalog, "data_dir", lambda kind: tmp_path / kind)
-    monkeypatch.setattr(kgen.tune, "data_dir", lambda kind: tmp_path / kind)
+    monkeypatch.setattr(kgen.catalog, "data_dir", lambda kind: arch if kind == "arch" else data_dir(kind))
     load_tuning.cache_clear()
     try:
         merge_and_write(table(choice(op="layernorm")), "layernorm", "bfloat16")
@@ -144,13 +144,43 @@ def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
             table(choice(), choice(max_row_bytes=4096, threads=128, rule=64)), "rmsnorm", "bfloat16"
         )
         merge_and_write(table(choice(threads=64)), "rmsnorm", "bfloat16")  # replaces rmsnorm's entries
-        read = load_tuning("sm_90")
+        read = load_tuning("sm_90", "rmsnorm")
         assert [(c.op, c.max_row_bytes, c.threads) for c in read.choices] == [
             ("layernorm", 8192, 256),
             ("rmsnorm", 8192, 64),
         ]
         assert read.choices[1].shapes == ["1×8192×4096"] and read.device == "NVIDIA H200"
+        assert (arch / "tuning" / "sm_90.toml").is_file() and read.file == "arch/tuning/sm_90.toml"
     finally:
+        load_tuning.cache_clear()
+
+
+def test_a_users_op_is_tuned_beside_its_spec(tmp_path, monkeypatch):
+    """`kgen tune` of a spec on $KGEN_OPS_PATH writes tuning/<arch>.toml beside it, not into kgen's
+    installation; builds and `kgen explain` read it from there, and kgen's own ops keep kgen's table."""
+    ops = Path(__file__).resolve().parents[1] / "ops"
+    (tmp_path / "my_norm.py").write_text(
+        (ops / "rmsnorm.py").read_text().replace('name="rmsnorm"', 'name="my_norm"')
+    )
+    monkeypatch.setenv("KGEN_OPS_PATH", str(tmp_path))
+    load_spec.cache_clear()
+    load_tuning.cache_clear()
+    ours = kgen.catalog.tuning_file("rmsnorm", "sm_90")[0]
+    before = ours.read_bytes() if ours.is_file() else None
+    try:
+        path = merge_and_write(table(choice(op="my_norm")), "my_norm", "bfloat16")
+        assert path == tmp_path / "tuning" / "sm_90.toml"
+        assert (ours.read_bytes() if ours.is_file() else None) == before
+        target = resolve_target("my_norm", "sm_90", ("bfloat16",))
+        assert [c.op for c in target.tuning.choices] == ["my_norm"]
+        source = render_target(target)["my_norm_cuda/my_norm.cu"]
+        assert "instead of the rule's 128 ($KGEN_OPS_PATH/tuning/sm_90.toml)" in source
+        out = CliRunner().invoke(app, ["explain", "my_norm", "--shape", "8192x4096"])
+        text = " ".join(out.output.replace("│", " ").split())
+        assert out.exit_code == 0 and "1 choice(s) here from $KGEN_OPS_PATH/tuning/sm_90.toml" in text
+        assert not any(c.op == "my_norm" for c in (load_tuning("sm_90", "rmsnorm") or table()).choices)
+    finally:
+        load_spec.cache_clear()
         load_tuning.cache_clear()
 
 
