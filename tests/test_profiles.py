@@ -15,7 +15,7 @@ def test_shipped_profiles():
     assert (t4.sm_count, t4.shared_memory_per_sm, t4.bf16) == (40, 64 * 1024, False)
     assert (a100.sm_count, a100.bf16, a100.clusters) == (108, True, False)
     assert (hopper.sm_count, hopper.clusters) == (132, True)
-    assert [d.memory_bandwidth_gbs for d in hopper.devices] == [3350, 4800]
+    assert [d.memory_bandwidth_gbs for d in hopper.devices] == [3350, 4800, 2000, 4000]
     assert t4.dtypes == ["float32", "float16"]
     assert (a10g.max_threads_per_sm, l40s.sm_count, rtx5090.max_shared_memory_per_block) == (
         1536,
