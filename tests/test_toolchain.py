@@ -159,10 +159,8 @@ def test_fake_kernels_refuse_what_the_binding_refuses(cpu_built):
             ):
                 kernel.rmsnorm(x)
         x = torch.empty(2, 64, device="cuda", dtype=torch.bfloat16)
-        zero, inf = (
-            2.0**-150,
-            3.4028235677973366e38,
-        )  # the largest double float32 rounds to 0, the smallest to inf
+        # the largest double float32 rounds to 0, and the smallest it rounds to inf
+        zero, inf = 2.0**-150, 3.4028235677973366e38
         for eps in (-1e-6, 0.0, zero, 1e-300, inf, 1e300, float("nan"), float("inf")):
             with pytest.raises(ValueError, match="rmsnorm: eps must be a finite number > 0 in float32"):
                 kernel.rmsnorm(x, eps=eps)
