@@ -12,6 +12,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv > "$R/gpu.txt" 2>&1
 done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
+export KGEN_TEST_BUILD_ROOT=/tmp/kb  # the tests load the builds above instead of compiling their own
 # 1. the landed row kernels at 4 resident blocks and qk_norm_rope_flux's unsplit shares on the real kernels; the
 #    launchers that now count the device's SMs (every row and rotary forward, the weightless rotary backwards)
 timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_ops_gpu.py tests/test_backward_gpu.py \
