@@ -26,6 +26,7 @@ app = typer.Typer(
 console = Console(highlight=False)
 E2E = "ltx, ltx-train, flux, wan, wan-train, qwen3 or qwen3-train"  # kgen bench --e2e's targets
 err_console = Console(stderr=True, highlight=False)
+DTYPE_HELP = "I/O dtype: bf16, fp16, fp32 or torch's names"
 
 
 def _user_errors(fn):
@@ -146,14 +147,17 @@ def build(
         Optional[list[str]],
         typer.Option(
             "--dtype",
-            help="I/O dtype (bf16, fp16, fp32 or torch's names); repeat (default: all the arch supports)",
+            help=f"{DTYPE_HELP}; repeat for several (default: all the arch supports)",
         ),
     ] = None,
     all_: Annotated[
         bool, typer.Option("--all", help="every op: a project for each arch and one for every arch")
     ] = False,
     out: Annotated[
-        Path, typer.Option("--out", help="output root; each project goes to OUT/<op>-<arch>")
+        Path,
+        typer.Option(
+            "--out", help="output root; a project goes to OUT/<op>-<arch>, '-' for '_' (qk-norm-rope-sm90)"
+        ),
     ] = Path("generated"),
     compile_: Annotated[
         bool, typer.Option("--compile", help="also compile a local build variant (nvcc + CUDA torch)")
@@ -166,9 +170,7 @@ def build(
     from .builder import build_project, write_project
     from .project import resolve_multi_target, resolve_target
 
-    if all_ == bool(ops):
-        raise UsageError("give op names or --all (not both)")
-    names = op_names() if all_ else list(dict.fromkeys(ops))
+    names = _op_list(ops, all_)
     dtypes = [_dtype(d) for d in dtype] if dtype else None
     archs = arch or (arch_names() + ["all"] if all_ else arch_names())
     targets = [
@@ -220,9 +222,7 @@ def check(
     from .check import disagreement
     from .errors import SpecError
 
-    if all_ == bool(ops):
-        raise UsageError("give op names or --all (not both)")
-    results = [r for op in (op_names() if all_ else list(dict.fromkeys(ops))) for r in check_op(op, seed)]
+    results = [r for op in _op_list(ops, all_) for r in check_op(op, seed)]
     _table(
         "the spec's math against its reference (worst |difference| / tolerance: at most 1 passes)",
         ["op", "convention", "dtype", "shapes", "worst", "at", "verdict"],
@@ -241,6 +241,14 @@ def check(
     )
     if bad := [r for r in results if not r.ok]:
         raise SpecError(disagreement(bad))
+
+
+def _op_list(ops: list[str] | None, all_: bool) -> list[str]:
+    if all_ and ops:
+        raise UsageError("give op names or --all, not both")
+    if not all_ and not ops:
+        raise UsageError("give op names (`kgen list` shows them) or --all")
+    return op_names() if all_ else list(dict.fromkeys(ops))
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -263,7 +271,8 @@ def _dtype(name: str) -> str:
         "fp32": "float32",
         "float": "float32",
     }
-    name = aliases.get(name.removeprefix("torch."), name.removeprefix("torch."))
+    name = name.lower().removeprefix("torch.")
+    name = aliases.get(name, name)
     if name not in DTYPE_BYTES:
         raise UsageError(
             f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BYTES)} (or bf16, fp16, fp32)"
@@ -279,8 +288,13 @@ def explain(
         str,
         typer.Option("--arch", help="arch profile; a comma list or 'all' explains each arch's plan in turn"),
     ] = "sm_90",
-    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
-    shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096 or 2x4096x3072")] = "8192x4096",
+    dtype: Annotated[str, typer.Option("--dtype", help=DTYPE_HELP)] = "bfloat16",
+    shape: Annotated[
+        Optional[str],
+        typer.Option(
+            "--shape", help="e.g. 8192x4096 or 2x4096x3072 (default: the op's first benchmark shape)"
+        ),
+    ] = None,
     backward: Annotated[
         bool, typer.Option("--backward", help="the plan of the op's derived backward")
     ] = False,
@@ -290,15 +304,27 @@ def explain(
     ] = None,
 ) -> None:
     """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
+    from .catalog import suite
     from .planner import plan_launch
 
-    dtype = _dtype(dtype)
+    dtype, print_line = _dtype(dtype), console.print if console.is_terminal else print
     archs = arch_names() if arch == "all" else arch.split(",")
     if len(archs) > 1:
         for name in archs:
-            explain(op, name, dtype, shape, backward, k_heads)
+            if dtype in load_profile(name).dtypes:
+                explain(op, name, dtype, shape, backward, k_heads)
+            else:  # one arch without the dtype does not stop the others' plans
+                print_line(
+                    f"{name}: no {dtype} arithmetic there, left out (its plans: --arch {name} --dtype fp16)"
+                )
         return
     spec, profile = load_spec(op), load_profile(arch)
+    if shape is None:  # the op's first benchmark shape, its k heads with it
+        case = next(iter(suite(op)), None)
+        shape, k_heads = (
+            "x".join(map(str, case.shape)) if case else "8192x4096",
+            k_heads or (case and case.k_heads),
+        )
     tuning, (_, table_file) = load_tuning(profile.name, op), tuning_file(op, profile.name)
     if backward:
         if (spec := backward_spec(op)) is None:
@@ -317,7 +343,6 @@ def explain(
         if entries
         else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"
     )
-    print_line = console.print if console.is_terminal else print
     devices = ", ".join(d.name for d in profile.devices)
     shown = "×".join(map(str, dims))
     what = f"shape {shown}" if len(dims) > 3 else f"{math.prod(dims[:-1])} rows × hidden {dims[-1]}"
@@ -358,7 +383,7 @@ def bench(
     build_dir: Annotated[Path, typer.Option("--build-dir", help="project root to build into")] = Path(
         "build/bench"
     ),
-    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+    dtype: Annotated[str, typer.Option("--dtype", help=DTYPE_HELP)] = "bfloat16",
     e2e: Annotated[
         Optional[str],
         typer.Option(
@@ -429,7 +454,7 @@ def bench(
 def tune(
     op: Annotated[str, typer.Argument(help="op name")],
     arch: Annotated[str, typer.Option("--arch", help="arch profile of this GPU")] = "sm_90",
-    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+    dtype: Annotated[str, typer.Option("--dtype", help=DTYPE_HELP)] = "bfloat16",
     build_dir: Annotated[Path, typer.Option("--build-dir", help="where the candidate builds go")] = Path(
         "build/tune"
     ),

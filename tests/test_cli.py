@@ -106,8 +106,9 @@ def test_user_errors_exit_2_with_a_message():
         (("explain", "rmsnorm", "--shape", "8192xabc"), "--shape must look like 8192x4096"),
         (("explain", "layernorm2"), "unknown op 'layernorm2'"),
         (("build", "rmsnorm", "--arch", "sm_101"), "unknown arch 'sm_101'"),
-        (("build",), "give op names or --all"),
-        (("build", "rmsnorm", "--all"), "give op names or --all"),
+        (("build",), "give op names (`kgen list` shows them) or --all"),
+        (("check",), "give op names (`kgen list` shows them) or --all"),
+        (("build", "rmsnorm", "--all"), "give op names or --all, not both"),
         (("build", "rmsnorm", "--dtype", "bf17"), "unknown dtype 'bf17'"),
         (("explain", "rmsnorm", "--dtype", "int8"), "unknown dtype 'int8'"),
     ]
@@ -116,6 +117,29 @@ def test_user_errors_exit_2_with_a_message():
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_explain_every_arch_leaves_out_those_without_the_dtype():
+    """--arch all with the default bf16: the T4 (no bf16) is named and left out, every other arch planned."""
+    result = run("explain", "rmsnorm", "--arch", "all", "--shape", "8192x4096")
+    assert result.exit_code == 0, result.output
+    assert (
+        "sm_75: no bfloat16 arithmetic there, left out (its plans: --arch sm_75 --dtype fp16)"
+        in result.output
+    )
+    planned = [line.split()[2] for line in result.output.splitlines() if line.startswith("rmsnorm on ")]
+    assert planned == [arch for arch in arch_names() if arch != "sm_75"]
+
+
+def test_explain_defaults_to_the_ops_first_benchmark_shape_and_takes_any_case_of_dtype():
+    for op in ("rope", "rmsnorm"):
+        first = suite(op)[0]
+        result = run("explain", op, "--dtype", "BF16")
+        assert result.exit_code == 0, result.output
+        head = result.output.splitlines()[0]
+        shown = "×".join(map(str, first.shape))
+        assert f"shape {shown}" in head or f"hidden {first.shape[-1]}" in head, head
+        assert ("(k heads 8)" in head) == (first.k_heads == 8), head
 
 
 def test_build_all_writes_every_project_with_progress(tmp_path):
@@ -344,3 +368,16 @@ def test_report_of_a_run_into_the_marked_region(tmp_path):
     result = run("report", str(folder), "--into", str(target))
     assert result.exit_code == 2 and "has no region to rewrite" in result.output
     assert run("report", str(tmp_path / "empty")).exit_code == 2
+
+
+def test_explain_says_why_a_grid_passes_the_wave():
+    """An odd count of channel groups (head dim 126: 63 of 2) rounds the grid past one wave to whole groups;
+    the why says so rather than contradicting its own 'at most one full wave'."""
+    for dim in (126, 128):
+        result = run("explain", "rope", "--arch", "sm_90", "--shape", f"1x32x2048x{dim}")
+        grid = next(line for line in result.output.splitlines() if line.startswith("grid | "))
+        blocks, wave = (
+            int(grid.split(" | ")[1].split()[0]),
+            int(grid.split("at most one full wave (")[1].split()[0]),
+        )
+        assert (blocks > wave) == ("rounded up to a multiple of 63 blocks" in grid) == (dim == 126), grid

@@ -396,6 +396,10 @@ class RotaryFamily(Family):
             f"{wave} threads), threads walking tokens"
             + ("" if kernel.notes.get("weight gradients") else "; a launch counts its device's SMs")
         )
+        if blocks > wave // threads:  # the grid's threads a multiple of keep
+            why += (
+                f"; rounded up to a multiple of {step} blocks: a thread keeps its channel group as it walks"
+            )
         if split:
             why += "; no chunk straddles two tensors' heads, a thread keeps its chunk"
         if (rounds := -(-items // (blocks * threads))) > 1:
