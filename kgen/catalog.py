@@ -14,11 +14,12 @@ import sys
 import types
 from functools import cache
 from pathlib import Path
+from typing import Annotated
 
 import tomllib
-from pydantic import ValidationError
+from pydantic import BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
-from .dsl import OpSpec
+from .dsl import OpSpec, _Model
 from .errors import ProfileError, SpecError
 from .families import families, family_of, register
 from .families.base import Case, Family
@@ -41,15 +42,33 @@ def _path_dirs(variable: str) -> list[Path]:
     return [Path(p) for p in os.environ.get(variable, "").split(os.pathsep) if p]
 
 
+def _user_ops_dirs() -> list[Path]:
+    """KGEN_OPS_PATH (os.pathsep-separated): the user's spec folders (an entry that is none: an error)."""
+    for d in (dirs := _path_dirs("KGEN_OPS_PATH")):
+        if not d.is_dir():
+            raise SpecError(
+                f"$KGEN_OPS_PATH names {d}, which {'is not a folder' if d.exists() else 'does not exist'}: "
+                "fix or remove the entry"
+            )
+    return dirs
+
+
 def ops_dirs() -> list[Path]:
-    """KGEN_OPS_PATH (os.pathsep-separated) lets users add their own spec folders, searched first."""
-    return _path_dirs("KGEN_OPS_PATH") + [data_dir("ops")]
+    """The user's spec folders ($KGEN_OPS_PATH), searched first, then kgen's ops/."""
+    return _user_ops_dirs() + [data_dir("ops")]
 
 
 def op_names() -> list[str]:
-    return sorted(
-        {p.stem for d in ops_dirs() if d.is_dir() for p in d.glob("*.py") if not p.stem.startswith("_")}
-    )
+    """The ops of every spec folder; a user's spec may not take the name of one of kgen's own."""
+    found = {d: {p for p in d.glob("*.py") if not p.stem.startswith("_")} for d in ops_dirs()}
+    for path in sorted(p for d in found if d != data_dir("ops") for p in found[d]):
+        own = data_dir("ops") / path.name
+        if own.is_file() and path.resolve() != own.resolve():
+            raise SpecError(
+                f"spec {path.stem!r} ({path}) has the name of kgen's own op {path.stem!r} ({own}), which it "
+                "would replace (kgen's other ops load it): rename it, its file and its OpSpec name"
+            )
+    return sorted({p.stem for paths in found.values() for p in paths})
 
 
 def arch_names() -> list[str]:
@@ -163,10 +182,18 @@ def _load_spec(name: str) -> OpSpec:
         _dependencies[name] = _loading.pop()
     spec = getattr(module, "spec", None)
     if not isinstance(spec, OpSpec):
-        raise SpecError(f"spec {name!r} ({path}) must define `spec = OpSpec(...)`")
+        raise SpecError(
+            f"spec {name!r} ({path}) must define `spec = OpSpec(...)`; if it is a helper module, not a spec, "
+            f"name it _{name}.py (kgen loads no file starting with '_' as a spec)"
+        )
     if spec.name != name:
         raise SpecError(f"spec {name!r} ({path}): name {spec.name!r} must equal the file name {name!r}")
     family_of(spec)  # a structure no registered family plans fails here, naming the spec
+    if unused := spec.unused_params():
+        raise SpecError(
+            f"spec {name!r} ({path}) is invalid:\n  OpSpec.params: param {unused[0]!r} is not used by the "
+            "math of any convention; use its symbol in an expression, or remove the param"
+        )
     return spec
 
 
@@ -262,33 +289,81 @@ def load_tuning(arch: str, op: str) -> TuningTable | None:
         raise ProfileError(f"tuning table {path} is invalid: {err}") from None
 
 
+def _shape_entry(value):
+    if isinstance(value, list):
+        return {"shape": value}
+    if not isinstance(value, dict):
+        raise ValueError("a shape is a list of dims ([8192, 4096]) or a table {shape = [...], ...}")
+    return value
+
+
+def _shape_list(value):
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        raise ValueError(f"one shape where a list of shapes is expected: write shapes = [{value}]")
+    return value
+
+
+Dim = Annotated[StrictInt, Field(gt=0)]
+
+
+class ShapeCase(_Model):
+    """A shape of the suite: [dims...], or {shape = [...], per_batch = true, params = {...}, k_heads = N}."""
+
+    shape: list[Dim] = Field(min_length=1)
+    per_batch: StrictBool = False
+    params: dict[str, StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]] = {}
+    k_heads: Dim | None = None
+
+
+class ShapeTable(_Model):
+    """An op's table ([<op>]) in a shapes file."""
+
+    shapes: Annotated[
+        list[Annotated[ShapeCase, BeforeValidator(_shape_entry)]], BeforeValidator(_shape_list)
+    ] = []
+    max_time_vs_compile: Annotated[float, Field(gt=0)] | None = None  # bench's bar, where it has one
+
+
 def suite(op: str) -> list[Case]:
-    """The op's benchmark shapes (`suite_table`): a shape, or {shape = [...], per_batch = true,
-    params = {...}, k_heads = N}; none for an op no shapes file lists."""
+    """The op's benchmark shapes (`suite_table`); none for an op no shapes file lists."""
     return [
-        Case(
-            tuple(e["shape"]), e.get("per_batch", False), tuple(e.get("params", {}).items()), e.get("k_heads")
-        )
-        if isinstance(e, dict)
-        else Case(tuple(e))
-        for e in suite_table(op).get("shapes", [])
+        Case(tuple(e.shape), e.per_batch, tuple(e.params.items()), e.k_heads) for e in _suite_table(op).shapes
     ]
 
 
 def shapes_files() -> list[Path]:
     """Where benchmark shapes are read, first match wins: shapes.toml in each $KGEN_OPS_PATH folder (beside
     a user's specs), then kgen's bench/shapes.toml."""
-    return [d / "shapes.toml" for d in _path_dirs("KGEN_OPS_PATH")] + [data_dir("bench") / "shapes.toml"]
+    return [d / "shapes.toml" for d in _user_ops_dirs()] + [data_dir("bench") / "shapes.toml"]
+
+
+def shape_tables(path: Path) -> dict[str, ShapeTable]:
+    """A shapes file's tables, each named for a known op and validated."""
+    try:
+        tables = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path} is not valid TOML: {err}") from None
+    where, known, found = f"shapes file {path} is invalid:\n ", op_names(), {}
+    for op, table in tables.items():
+        if not isinstance(table, dict):
+            raise SpecError(f"{where} {op}: a key outside the [<op>] tables (each op's shapes go in its own)")
+        if op not in known:
+            hint = _did_you_mean(op, known)
+            raise SpecError(f"{where} [{op}]: no op is named {op!r}{hint}; known ops: {', '.join(known)}")
+        try:
+            found[op] = ShapeTable.model_validate(table)
+        except ValidationError as err:
+            raise SpecError(f"shapes file {path} is invalid:\n{_format(err, f'[{op}]')}") from None
+    return found
+
+
+def _suite_table(op: str) -> ShapeTable:
+    for path in shapes_files():
+        if path.is_file() and op in (tables := shape_tables(path)):
+            return tables[op]
+    return ShapeTable()
 
 
 def suite_table(op: str) -> dict:
     """The op's table ([<op>]) from the first shapes file that has one; {} where none does."""
-    for path in shapes_files():
-        if path.is_file():
-            try:
-                tables = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as err:
-                raise SpecError(f"{path} is not valid TOML: {err}") from None
-            if op in tables:
-                return tables[op]
-    return {}
+    return _suite_table(op).model_dump(exclude_unset=True)

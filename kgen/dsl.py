@@ -80,7 +80,8 @@ Text = Annotated[
         "one printable line without a backslash, '*/', '\"\"\"', \"'''\" or '??/'",
     ),
 ]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]  # printed as a Python and C++ literal
+# printed as a Python and C++ literal; strict: True or "0.01" is refused, not read as 1.0 or 0.01
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 
 
 class _Model(BaseModel):
@@ -427,6 +428,24 @@ class OpSpec(_Model):
         self._check_layers(seen)
         return self
 
+    def unused_params(self) -> list[str]:
+        """The params nothing reads: no expression of the structure (its conventions' math, its reductions',
+        angles', ...), none of its fields by name (a grid's sizes), no rule of its family (a softmax loss's
+        ignore_index, without which its check refuses the spec). The loader refuses a spec with one; a derived
+        backward may have some (a gradient free of a param)."""
+        mentioned = _mentions(self.structure)
+
+        def required(param: Param) -> bool:
+            try:
+                self.structure.check(
+                    self.model_copy(update={"params": [p for p in self.params if p.name != param.name]})
+                )
+            except ValueError:
+                return True
+            return False
+
+        return [p.name for p in self.params if p.name not in mentioned and not required(p)]
+
     def _check_reference(self) -> None:
         copied = [self.reference, *reference_helpers(self.reference)]
         foreign = (
@@ -560,14 +579,41 @@ def _global_names(code) -> set[str]:
     return names
 
 
+def _mentions(value: Any) -> set[str]:
+    """The names a structure's value reads: its expressions' symbols and (but a convention's text) its
+    strings, through models, dicts and lists."""
+    if isinstance(value, sp.Basic):
+        return {str(s) for s in value.free_symbols}
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, Convention):
+        value = [value.outputs, value.prologue]
+    elif isinstance(value, BaseModel):
+        value = [getattr(value, f) for f in type(value).model_fields]
+    elif isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    elif not isinstance(value, (list, tuple)):
+        return set()
+    return set().union(*map(_mentions, value))
+
+
 def check_symbols(expr: sp.Expr, allowed: set[str], where: str, rounds: bool = True) -> None:
-    """Refuses symbols outside ``allowed`` and functions with no CUDA printing. ``rounds``: to_io_dtype may
-    appear (not in fp32 code with no I/O dtype, e.g. reductions)."""
+    """Refuses symbols outside ``allowed`` and functions with no CUDA printing (by class: an undefined
+    sp.Function("tanh") is not sympy's tanh). ``rounds``: to_io_dtype may appear (not in fp32 code with no
+    I/O dtype, e.g. reductions)."""
     unknown = sorted(str(s) for s in expr.free_symbols if str(s) not in allowed)
     if unknown:
         raise ValueError(f"{where}: unknown symbols {unknown}; allowed here: {sorted(allowed)}")
-    printable = SUPPORTED_FUNCTIONS - (set() if rounds else {"to_io_dtype"})
-    funcs = {type(n).__name__ for n in sp.preorder_traversal(expr) if not isinstance(n, _NODES)} - printable
+    printable = {n: f for n, f in PRINTABLE.items() if rounds or f is not to_io_dtype}
+    calls = {type(n) for n in sp.preorder_traversal(expr) if not isinstance(n, _NODES)}
+    funcs = {f.__name__ for f in calls if printable.get(f.__name__) is not f}
+    if lookalikes := sorted(funcs & set(printable)):
+        name = lookalikes[0]
+        origin = "kgen.dsl" if printable[name].__module__ == __name__ else "sympy"
+        raise ValueError(
+            f"{where}: {name} is an undefined sympy function (sp.Function({name!r})), with no CUDA printing "
+            f"or derivative; use {origin}.{name}"
+        )
     if funcs:
         raise ValueError(
             f"{where}: functions {sorted(funcs)} have no CUDA printing here; known: {sorted(printable)}"
@@ -591,6 +637,10 @@ _NODES = (
     sp.logic.boolalg.BooleanAtom,
     sp.functions.elementary.piecewise.ExprCondPair,
 )  # and these:
-SUPPORTED_FUNCTIONS = set(
-    "to_io_dtype sigmoid exp log tanh erf sqrt sin cos Abs Max Min Piecewise floor re".split()
-)
+# the functions with CUDA printing, by name; a node is one if its class is the one named (sqrt is named so
+# an undefined sp.Function("sqrt") is told where sqrt comes from: sympy writes sp.sqrt(u) as a power)
+PRINTABLE = {
+    f.__name__: f
+    for f in [to_io_dtype, sigmoid, sp.exp, sp.log, sp.tanh, sp.erf, sp.sqrt, sp.sin, sp.cos, sp.Abs]
+    + [sp.Max, sp.Min, sp.Piecewise, sp.floor, sp.re]
+}

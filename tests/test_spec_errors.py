@@ -3,15 +3,17 @@ every bad program has its message)."""
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 
 import pytest
 
 from kgen.builder import render_target
-from kgen.catalog import load_spec, op_names
+from kgen.catalog import backward_spec, data_dir, load_spec, op_names, suite
 from kgen.dsl import BUILTIN_SYMBOLS, GENERATED_NAMES, GENERATED_SUFFIXES
 from kgen.errors import KgenError
+from kgen.families.base import Case
 from kgen.project import resolve_target
 
 GOOD = {
@@ -249,6 +251,31 @@ CASES = [
         {"conventions": '[Convention(name="plain", matches="-", outputs={"out": x * rstd * sp.I})]'},
         ["structure.conventions.0.outputs.out: functions ['ImaginaryUnit'] have no CUDA printing"],
     ),
+    # an undefined function with a printable name is not that function: sigmoid failed to print at build,
+    # tanh printed but had no derivative
+    (
+        {
+            "conventions": '[Convention(name="plain", matches="-", '
+            'outputs={"out": x * sp.Function("sigmoid")(rstd)})]'
+        },
+        [
+            "outputs.out: sigmoid is an undefined sympy function (sp.Function('sigmoid'))",
+            "use kgen.dsl.sigmoid",
+        ],
+    ),
+    (
+        {"reductions": '[Reduction(stat="rstd", summand=sp.Function("tanh")(x), finalize=row_sum + eps)]'},
+        ["structure.reductions.0.summand: tanh is an undefined sympy function", "use sympy.tanh"],
+    ),
+    # a param's default is a number: True and "0.01" were read as 1.0 and 0.01
+    (
+        {"params": '[Param(name="eps", default=True)]'},
+        ["Param.default: Input should be a valid number (got True)"],
+    ),
+    (
+        {"params": '[Param(name="eps", default="0.01")]'},
+        ["Param.default: Input should be a valid number (got '0.01')"],
+    ),
     # names the generated C++ declares beside the spec's (each of these failed to compile before it was
     # refused)
     (
@@ -348,9 +375,115 @@ def test_bad_spec_message(ops_dir, overrides, fragments):
 
 
 def test_module_without_spec(ops_dir):
-    (ops_dir / "bad.py").write_text("x = 1\n")
-    with pytest.raises(KgenError, match=r"must define `spec = OpSpec\(...\)`"):
+    (ops_dir / "helpers.py").write_text("x = 1\n")
+    with pytest.raises(
+        KgenError,
+        match=r"must define `spec = OpSpec\(...\)`; if it is a helper module, not a spec, "
+        r"name it _helpers.py \(kgen loads no file starting with '_' as a spec\)",
+    ):
+        load_spec("helpers")
+    (ops_dir / "helpers.py").rename(ops_dir / "_helpers.py")
+    assert "helpers" not in op_names() and "_helpers" not in op_names()
+
+
+def test_every_param_is_read(ops_dir):
+    """A param the math ignores (it hard-codes the value) is refused; one the structure reads by name (a
+    grid's sizes) or its family requires (a softmax loss's ignore_index) is used."""
+    write_spec(
+        ops_dir,
+        params='[Param(name="eps", default=1e-6, positive=True), Param(name="slope", default=0.01)]',
+        ref_args='x, weight=None, eps=1e-6, slope=0.01, convention="plain"',
+    )
+    with pytest.raises(KgenError) as info:
         load_spec("bad")
+    assert str(info.value) == (
+        f"spec 'bad' ({ops_dir / 'bad.py'}) is invalid:\n  OpSpec.params: param 'slope' is not used by the "
+        "math of any convention; use its symbol in an expression, or remove the param"
+    )
+    for op in ("rope3d", "cross_entropy"):
+        assert not load_spec(op).unused_params()
+    # a derived backward keeps the forward's params, whether its gradients read them or not
+    (ops_dir / "bad.py").write_text(
+        STRUCTURES.format(
+            tensors='[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", '
+            'role="output")]',
+            params='[Param(name="shift", default=0.5)]',
+            structure='Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x + '
+            'sp.Symbol("shift")})])',
+            inplace="{}",
+        )
+    )
+    load_spec.cache_clear()
+    assert backward_spec("bad").unused_params() == ["shift"]
+
+
+def test_a_spec_may_not_take_a_builtin_ops_name(ops_dir):
+    """It replaced kgen's own rmsnorm, and broke kgen's ops that load it: every command refuses it."""
+    write_spec(ops_dir, file="rmsnorm", name='"rmsnorm"')
+    own = data_dir("ops") / "rmsnorm.py"
+    for read in (op_names, lambda: load_spec("rmsnorm"), lambda: load_spec("qk_norm_rope")):
+        with pytest.raises(KgenError) as info:
+            read()
+        assert str(info.value) == (
+            f"spec 'rmsnorm' ({ops_dir / 'rmsnorm.py'}) has the name of kgen's own op 'rmsnorm' ({own}), "
+            "which it would replace (kgen's other ops load it): rename it, its file and its OpSpec name"
+        )
+
+
+def test_ops_path_entries_are_folders(tmp_path, monkeypatch):
+    """An entry that is no folder was skipped: its ops were then "unknown"."""
+    (tmp_path / "file.py").write_text("")
+    for entry, what in [(tmp_path / "missing", "does not exist"), (tmp_path / "file.py", "is not a folder")]:
+        monkeypatch.setenv("KGEN_OPS_PATH", os.pathsep.join([str(tmp_path), str(entry)]))
+        load_spec.cache_clear()
+        message = f"$KGEN_OPS_PATH names {entry}, which {what}: fix or remove the entry"
+        for read in (op_names, lambda: load_spec("rmsnorm"), lambda: suite("rmsnorm")):
+            with pytest.raises(KgenError) as info:
+                read()
+            assert str(info.value) == message
+    load_spec.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "toml, fragment",
+    [
+        (
+            "[bad]\nshapes = [8192, 4096]",
+            "[bad].shapes: Value error, one shape where a list of shapes is expected: "
+            "write shapes = [[8192, 4096]]",
+        ),
+        ("[bad]\nshape = [[8, 16]]", "[bad].shape: Extra inputs are not permitted"),
+        (
+            "[bad]\nshapes = [[8, 16]]\n[leaky_reul]\nshapes = [[8, 16]]",
+            "[leaky_reul]: no op is named 'leaky_reul'",
+        ),
+        ("[bad]\nshapes = [[8192, 0]]", "[bad].shapes.0.shape.1: Input should be greater than 0 (got 0)"),
+        (
+            "[bad]\nshapes = [{shape = [8, 16], per_batch = 1}]",
+            "[bad].shapes.0.per_batch: Input should be a valid boolean",
+        ),
+        ("[bad]\nshapes = [[8, 16], 'x']", "[bad].shapes.1: Value error, a shape is a list of dims"),
+        ("shapes = [[8, 16]]", "shapes: a key outside the [<op>] tables"),
+    ],
+    ids=["one shape", "misspelt key", "unknown op", "zero dim", "int flag", "no shape", "key outside"],
+)
+def test_shapes_file_errors(ops_dir, toml, fragment):
+    """A shape that is none crashed or was taken, a misspelt key or op name was skipped."""
+    write_spec(ops_dir)
+    (ops_dir / "shapes.toml").write_text(toml + "\n")
+    with pytest.raises(KgenError) as info:
+        suite("bad")
+    assert str(info.value).startswith(f"shapes file {ops_dir / 'shapes.toml'} is invalid:\n  ")
+    assert fragment in str(info.value)
+
+
+def test_shapes_files_load(ops_dir):
+    write_spec(ops_dir)
+    (ops_dir / "shapes.toml").write_text(
+        "[bad]\nshapes = [[8, 16], { shape = [2, 4, 16], per_batch = true }]\n"
+    )
+    assert suite("bad") == [Case((8, 16)), Case((2, 4, 16), per_batch=True)]
+    assert all(suite(op) for op in op_names() if op != "bad")  # kgen's own bench/shapes.toml lists every op
 
 
 def test_name_must_match_file(ops_dir):

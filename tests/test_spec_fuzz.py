@@ -20,7 +20,7 @@ import sympy as sp
 import tomllib
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kgen.builder import compile_kernel, kernel_sources, render_target, write_project
 from kgen.catalog import load_profile, load_spec
@@ -289,6 +289,17 @@ def rotary(draw, inputs: list[str], outs: list[str], params: list[str]):
     return tensors, (Rotary, kwargs), conventions, sizes
 
 
+def symbols_in(value) -> set[str]:
+    """The symbols of the sympy expressions in a value (a structure's arguments and nodes, conventions)."""
+    if isinstance(value, sp.Basic):
+        return {str(s) for s in value.free_symbols}
+    if isinstance(value, BaseModel):
+        value = dict(value)
+    if isinstance(value, dict):
+        value = list(value.values())
+    return set().union(*map(symbols_in, value)) if isinstance(value, (list, tuple)) else set()
+
+
 @st.composite
 def plans(draw, nasty: bool = True, mutation=None) -> Plan:
     """A spec of one of the three structures. With ``nasty``, one free-text field in six gets nasty text
@@ -298,6 +309,8 @@ def plans(draw, nasty: bool = True, mutation=None) -> Plan:
     outs = OUTS[: draw(st.integers(1, 2))]
     params = draw(st.lists(st.sampled_from(PARAMS), max_size=2, unique=True))
     tensors, structure, conventions, sizes = draw(structure(inputs, outs, params))
+    used = symbols_in([structure[1], [c["outputs"] for c in conventions]])
+    params = [p for p in params if p in used]  # a param no expression reads is refused
     tensors += [{"name": o, "dims": "*rows hidden", "role": "output"} for o in outs]
     plan = Plan(
         name="fz_" + draw(st.from_regex(r"[a-z0-9_]{1,12}", fullmatch=True)),
