@@ -7,16 +7,21 @@ bfloat16, and compared with the float64 reference: a spec whose math and referen
 before any kernel is built. Where the family derives the op's backward, its derived math is checked the same
 way against autograd of the reference, whose gradient is rounded to the dtype at each of the convention's
 roundings it flows back through (the derived math takes a rounding's derivative as 1, unrounded): the
-tolerance grows by one step per rounding."""
+tolerance grows by one step per rounding. The small shapes run again at two other values of the params no
+shape sets (a math or reference that ignores a param); a reference that raises, or returns other than one
+float64 tensor per output shaped as the math's, is a one-line error."""
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
+from math import prod
 
 import sympy as sp
 
 from .catalog import load_spec
+from .errors import SpecError
 from .families import family_of
 
 # |math - reference| <= ATOL + RTOL·|reference|: float32 leaves only the order of float64 operations; a
@@ -24,7 +29,7 @@ from .families import family_of
 TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1e-2, 1e-2)}
 
 
-PROBED = " (exact 0, ±1, tied inputs)"  # where a result's worst element is one of the probes
+PROBED = " (exact 0, ±1, tied inputs)"  # a result's worst is where probes are, random inputs all agree
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,29 @@ def check(op: str, seed: int = 0) -> list[Result]:
 
     spec = load_spec(op)
     backward = family_of(spec).backward(spec)
-    generator = torch.Generator().manual_seed(seed)
-    results = _check_spec(spec, generator)
+    generator, variants = torch.Generator().manual_seed(seed), _variants(spec, random.Random(seed))
+    results = _check_spec(spec, generator, variants)
     if backward:
-        results += _check_spec(backward, generator, lambda c: 1 + _roundings(spec, c))
+        results += _check_spec(backward, generator, variants, lambda c: 1 + _roundings(spec, c), spec.name)
     return results
+
+
+def _variants(spec, rng: random.Random) -> list[dict]:
+    """Two sets of param values other than the defaults, to catch math or a reference that ignores one: a
+    float's default times 1.6 to 4, and times 1/4 to 1/1.6 negated unless positive (±0.5 to 2 for a 0); an
+    int's plus 1 to 4, and minus 1 to 4 (plus 5 to 8 where a positive one would drop below 1). Not wider:
+    rope3d's angles (float32 steps in diffusers) outgrow the tolerance at 10× its params."""
+    up, down = {}, {}
+    for p in spec.params:
+        d = p.default
+        if p.integer:
+            up[p.name], below = d + rng.randint(1, 4), d - rng.randint(1, 4)
+            down[p.name] = below if below >= 1 or not p.positive else d + rng.randint(5, 8)
+        else:
+            up[p.name] = d * 10 ** rng.uniform(0.2, 0.6) if d else rng.uniform(0.5, 2)
+            sign = 1 if p.positive else -1
+            down[p.name] = sign * (d * 10 ** rng.uniform(-0.6, -0.2) if d else rng.uniform(0.5, 2))
+    return [up, down] if spec.params else []
 
 
 def _roundings(spec, convention: str) -> int:
@@ -61,24 +84,74 @@ def _roundings(spec, convention: str) -> int:
     return sum(1 for e in exprs for node in sp.preorder_traversal(e) if type(node).__name__ == "to_io_dtype")
 
 
-def _check_spec(spec, generator, steps=lambda convention: 1) -> list[Result]:
+def _cases(family, spec, variants: list[dict]) -> list:
+    """The family's example cases, then the small ones (4096 elements at most) again at each variant of the
+    params that no case sets (those a case sets are tied to its shape: a grid's sizes, an axis's channels)."""
+    cases = family.example_cases(spec)
+    tied = {name for c in cases for name, _ in c.params}
+    small = [c for c in cases if prod(c.shape) <= 4096] or cases[:1]
+    return cases + [
+        replace(c, params=c.params + tuple((k, v) for k, v in values.items() if k not in tied))
+        for values in variants
+        if set(values) - tied
+        for c in small
+    ]
+
+
+def _reference(spec, inputs, params, convention, case, math, forward) -> tuple:
+    """The reference's outputs at a case; a KgenError where it raises or returns other than one float64
+    tensor per output, shaped as the math's."""
+    import torch
+
+    takes_convention = "convention" in inspect.signature(spec.reference).parameters
+    try:
+        out = spec.reference(*inputs, *params, **({"convention": convention} if takes_convention else {}))
+    except Exception as err:  # the user's code: any error, as one line
+        message = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+        if forward:  # the backward's reference is autograd through the forward's, which ran fine
+            raise SpecError(
+                f"reference of {forward} is not differentiable by autograd (the backward check needs it): "
+                + message
+            ) from None
+        raise SpecError(f"reference of {spec.name} raised at shape {case.label}: {message}") from None
+    out = out if isinstance(out, tuple) else (out,)
+    if len(out) != len(spec.outputs):
+        raise SpecError(
+            f"reference of {spec.name} returned {len(out)} tensors, the spec has {len(spec.outputs)} output"
+            + "s" * (len(spec.outputs) > 1)
+        )
+    for tensor, got, want in zip(spec.outputs, math, out):
+        if not isinstance(want, torch.Tensor) or want.numel() and want.shape != got.shape:
+            found = (
+                f"shape {tuple(want.shape)}" if isinstance(want, torch.Tensor) else f"a {type(want).__name__}"
+            )
+            raise SpecError(
+                f"reference of {spec.name} returned {found} for output {tensor.name!r}, "
+                f"expected {tuple(got.shape)}"
+            )
+        if want.is_floating_point() and want.dtype != torch.float64:
+            raise SpecError(
+                f"reference of {spec.name} returned {str(want.dtype).removeprefix('torch.')} for output "
+                f"{tensor.name!r}: it must compute in float64 (e.g. x.double()), the check's yardstick"
+            )
+    return out
+
+
+def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=None) -> list[Result]:
     import torch
 
     family = family_of(spec)
-    takes_convention = "convention" in inspect.signature(spec.reference).parameters
     results = []
     for convention in (c.name for c in spec.structure.conventions):
         for dtype, tolerance in TOLERANCE.items():
             atol, rtol = (steps(convention) * t for t in family.check_tolerance(spec, *tolerance))
-            worst, where, cases = 0.0, "-", family.example_cases(spec)
+            worst, where, random_bad = 0.0, "-", False
+            shapes, cases = len(family.example_cases(spec)), _cases(family, spec, variants)
             for case, probes in ((c, p) for c in cases for p in (False, True)):
                 inputs = family.example_inputs(spec, case, getattr(torch, dtype), generator, probes=probes)
                 params = case.param_values(spec)
                 math = family.evaluate(spec, inputs, params, convention)
-                reference = spec.reference(
-                    *inputs, *params, **({"convention": convention} if takes_convention else {})
-                )
-                reference = reference if isinstance(reference, tuple) else (reference,)
+                reference = _reference(spec, inputs, params, convention, case, math, forward)
                 for tensor, got, want in zip(spec.outputs, math, reference):
                     want = want.double()
                     scale = want.abs()
@@ -87,20 +160,23 @@ def _check_spec(spec, generator, steps=lambda convention: 1) -> list[Result]:
                         # terms (about their root-sum-square), not with a sum that cancelled to near zero
                         scale = scale.clamp_min(want.square().mean().sqrt().item())
                     ratio = ((got - want).abs() / (atol + rtol * scale)).nan_to_num(1e30)
-                    if ratio.numel() and ratio.max().item() > worst:
-                        probed = PROBED if probes else ""
-                        worst, where = ratio.max().item(), f"{case.label}{probed}, {tensor.name}"
-            results.append(Result(spec.name, convention, dtype, len(cases), worst, where))
+                    bad = ratio.max().item() if ratio.numel() else 0.0
+                    random_bad = random_bad or (bad > 1 and not probes)
+                    if bad > worst:
+                        worst, where = bad, f"{case.label}{PROBED if probes else ''}, {tensor.name}"
+            # only a failure where the probes are (none on random inputs) is a derivative's convention there
+            where = where.replace(PROBED, "") if random_bad else where
+            results.append(Result(spec.name, convention, dtype, shapes, worst, where))
     return results
 
 
 def disagreement(bad: list[Result]) -> str:
-    """The error for results that failed: each with where and by how much; a hint where a probe failed."""
+    """The error for results that failed: each with where and by how much; a hint where only probes did."""
     text = "the math and the reference disagree: " + "; ".join(
         f"{r.op} (convention {r.convention}, {r.dtype}) at {r.where}, {r.worst:.3g}× the tolerance"
         for r in bad
     )
-    if any(PROBED in r.where for r in bad):
+    if all(PROBED in r.where for r in bad):
         text += (
             ". At an exact 0, ±1 or a tie the derivative is a convention: sympy's Max and Min split a tie's "
             "gradient in halves (torch.maximum's), Abs's is 0 at 0; torch.relu's 0 at 0 is "

@@ -4,14 +4,16 @@ convention and where."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from kgen.catalog import load_spec, op_names
-from kgen.check import check
+from kgen.check import _variants, check
 from kgen.cli import app
+from kgen.dsl import Param
 
 OPS = Path(__file__).resolve().parents[1] / "ops"
 
@@ -106,3 +108,122 @@ def test_the_derivative_at_a_kink_is_checked(tmp_path, monkeypatch, math, refere
         assert ("Piecewise((x, x > 0), (0, True))" in " ".join(result.output.split())) == (not agree)
     finally:
         load_spec.cache_clear()
+
+
+LEAKY = """
+import sympy as sp
+import torch
+import torch.nn.functional as F
+
+from kgen.dsl import Convention, OpSpec, Param, Tensor
+from kgen.families.elementwise import Elementwise
+
+x, slope = sp.symbols("x negative_slope")
+
+
+def leaky(name, s):
+    return Convention(name=name, outputs={"out": sp.Piecewise((x, x > 0), (s * x, True))}, matches="-")
+
+
+spec = OpSpec(
+    name="leaky",
+    summary="leaky ReLU",
+    tensors=[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", role="output")],
+    params=[Param(name="negative_slope", default=0.01)],
+    structure=Elementwise(conventions=[leaky("slope", slope), leaky("fixed", MATH)]),
+    reference=lambda x, negative_slope=0.01, convention=None: REFERENCE,
+)
+"""
+
+
+def _check_leaky(tmp_path, monkeypatch, math="slope", reference="F.leaky_relu(x.double(), negative_slope)"):
+    """`kgen check leaky` of LEAKY with its second convention's slope and its reference: the exit code and the
+    error on one line."""
+    (tmp_path / "leaky.py").write_text(LEAKY.replace("MATH", math).replace("REFERENCE", reference))
+    monkeypatch.setenv("KGEN_OPS_PATH", str(tmp_path))
+    load_spec.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["check", "leaky"])
+    finally:
+        load_spec.cache_clear()
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_a_param_the_math_or_the_reference_ignores_is_caught(tmp_path, monkeypatch):
+    """At the defaults a slope hard-coded to the default's 0.01 agrees: the check also runs the small shapes
+    at two other values of the params, and names them."""
+    assert _check_leaky(tmp_path, monkeypatch)[0] == 0
+    code, output = _check_leaky(tmp_path, monkeypatch, math="0.01")  # the math's second convention
+    assert code == 2 and "leaky (convention fixed, float32) at " in output and "(negative_slope=" in output
+    assert "(convention slope" not in output, output
+    code, output = _check_leaky(tmp_path, monkeypatch, reference="F.leaky_relu(x.double(), 0.01)")
+    assert code == 2 and "leaky (convention slope, float32) at " in output and "(negative_slope=" in output
+
+
+def test_the_params_vary_within_their_range():
+    """Other values than the defaults, the same for a seed: a positive param's positive, an int's an int."""
+
+    class Spec:
+        params = [
+            Param(name="eps", default=1e-6, positive=True),
+            Param(name="slope", default=0.01),
+            Param(name="shift", default=0.0),
+            Param(name="frames", default=1, integer=True, positive=True),
+            Param(name="ignore", default=-100, integer=True),
+        ]
+
+    for seed in range(20):
+        variants = _variants(Spec, random.Random(seed))
+        assert len(variants) == 2 and variants == _variants(Spec, random.Random(seed))
+        for values in variants:
+            assert values["eps"] > 0 and values["frames"] >= 1
+            assert isinstance(values["frames"], int) and isinstance(values["ignore"], int)
+            assert all(values[p.name] != p.default for p in Spec.params)
+        assert variants[0] != variants[1]
+
+
+@pytest.mark.parametrize(
+    "reference, error",
+    [
+        (
+            "F.leaky_relu(x.double(), negative_slope).sum(-1)",
+            "error: reference of leaky returned shape (1,) for output 'out', expected (1, 1)",
+        ),
+        (
+            "(F.leaky_relu(x.double(), negative_slope), x.double())",
+            "error: reference of leaky returned 2 tensors, the spec has 1 output",
+        ),
+        (
+            "torch.from_numpy(F.leaky_relu(x.double(), negative_slope).numpy())",
+            "error: reference of leaky is not differentiable by autograd (the backward check needs it): "
+            "RuntimeError: Can't call numpy() on Tensor that requires grad.",
+        ),
+        (
+            "x.double().view(-1, 3)",
+            "error: reference of leaky raised at shape 1×1: RuntimeError: shape '[-1, 3]'",
+        ),
+        (
+            "F.leaky_relu(x.double(), negative_slope).tolist()",
+            "error: reference of leaky returned a list for output 'out', expected (1, 1)",
+        ),
+        # the reference's own dtype: float32 agrees within the float32 tolerance, yet is not the yardstick
+        (
+            "F.leaky_relu(x, negative_slope)",
+            "error: reference of leaky returned float32 for output 'out': it must compute in float64",
+        ),
+        ("F.leaky_relu(x.to(torch.bfloat16), negative_slope)", "error: reference of leaky returned bfloat16"),
+    ],
+)
+def test_a_broken_reference_is_a_one_line_error(tmp_path, monkeypatch, reference, error):
+    code, output = _check_leaky(tmp_path, monkeypatch, reference=reference)
+    assert code == 2 and output.startswith(error), output
+
+
+def test_the_hint_on_derivatives_at_ties_is_only_where_the_probes_alone_disagree(tmp_path, monkeypatch):
+    """A reference wrong on random inputs fails everywhere, the probes' runs included: no hint on kinks."""
+    code, output = _check_leaky(
+        tmp_path, monkeypatch, reference="F.leaky_relu(x.double(), negative_slope) * 1.01"
+    )
+    error = output[output.index("error: ") :].split(" the spec's math against its reference")[0]
+    assert code == 2 and error.startswith("error: the math and the reference disagree: leaky (conv"), output
+    assert "(exact 0, ±1, tied inputs)" not in error and "At an exact 0" not in error, error
