@@ -42,12 +42,13 @@ def _path_dirs(variable: str) -> list[Path]:
     return [Path(p) for p in os.environ.get(variable, "").split(os.pathsep) if p]
 
 
-def _user_ops_dirs() -> list[Path]:
-    """KGEN_OPS_PATH (os.pathsep-separated): the user's spec folders (an entry that is none: an error)."""
-    for d in (dirs := _path_dirs("KGEN_OPS_PATH")):
+def _user_dirs(variable: str) -> list[Path]:
+    """$KGEN_OPS_PATH or $KGEN_FAMILIES_PATH (os.pathsep-separated): the user's folders (an entry that is
+    none: an error)."""
+    for d in (dirs := _path_dirs(variable)):
         if not d.is_dir():
             raise SpecError(
-                f"$KGEN_OPS_PATH names {d}, which {'is not a folder' if d.exists() else 'does not exist'}: "
+                f"${variable} names {d}, which {'is not a folder' if d.exists() else 'does not exist'}: "
                 "fix or remove the entry"
             )
     return dirs
@@ -55,20 +56,22 @@ def _user_ops_dirs() -> list[Path]:
 
 def ops_dirs() -> list[Path]:
     """The user's spec folders ($KGEN_OPS_PATH), searched first, then kgen's ops/."""
-    return _user_ops_dirs() + [data_dir("ops")]
+    return _user_dirs("KGEN_OPS_PATH") + [data_dir("ops")]
 
 
 def op_names() -> list[str]:
-    """The ops of every spec folder; a user's spec may not take the name of one of kgen's own."""
-    found = {d: {p for p in d.glob("*.py") if not p.stem.startswith("_")} for d in ops_dirs()}
-    for path in sorted(p for d in found if d != data_dir("ops") for p in found[d]):
-        own = data_dir("ops") / path.name
-        if own.is_file() and path.resolve() != own.resolve():
+    """The ops of every spec folder; a user's spec may not take the name of one of kgen's own or of another
+    folder's."""
+    found = {d.resolve(): sorted(p for p in d.glob("*.py") if not p.stem.startswith("_")) for d in ops_dirs()}
+    seen: dict[str, Path] = {}
+    for path in (p for paths in found.values() for p in paths):  # the user's folders first, kgen's ops/ last
+        if (other := seen.setdefault(path.stem, path)) != path:
+            whose = "kgen's own op" if path.parent.resolve() == data_dir("ops").resolve() else "the op"
             raise SpecError(
-                f"spec {path.stem!r} ({path}) has the name of kgen's own op {path.stem!r} ({own}), which it "
-                "would replace (kgen's other ops load it): rename it, its file and its OpSpec name"
+                f"spec {path.stem!r} ({other}) has the name of {whose} {path.stem!r} ({path}), which it "
+                "would hide (kgen's other ops load theirs by name): rename it, its file and its OpSpec name"
             )
-    return sorted({p.stem for paths in found.values() for p in paths})
+    return sorted(seen)
 
 
 def arch_names() -> list[str]:
@@ -96,7 +99,7 @@ def _frames(tb):
 def load_families() -> list[Family]:
     """Registers the family modules of $KGEN_FAMILIES_PATH (each defines `family = <a Family>`), once per
     folder list; they import as kgen_families.<module>."""
-    return _load_families(tuple(_path_dirs("KGEN_FAMILIES_PATH")))
+    return _load_families(tuple(_user_dirs("KGEN_FAMILIES_PATH")))
 
 
 @cache
@@ -334,7 +337,7 @@ def suite(op: str) -> list[Case]:
 def shapes_files() -> list[Path]:
     """Where benchmark shapes are read, first match wins: shapes.toml in each $KGEN_OPS_PATH folder (beside
     a user's specs), then kgen's bench/shapes.toml."""
-    return [d / "shapes.toml" for d in _user_ops_dirs()] + [data_dir("bench") / "shapes.toml"]
+    return [d / "shapes.toml" for d in _user_dirs("KGEN_OPS_PATH")] + [data_dir("bench") / "shapes.toml"]
 
 
 def shape_tables(path: Path) -> dict[str, ShapeTable]:

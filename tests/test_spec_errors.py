@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from kgen.builder import render_target
-from kgen.catalog import backward_spec, data_dir, load_spec, op_names, suite
+from kgen.catalog import backward_spec, data_dir, load_families, load_spec, op_names, suite
 from kgen.dsl import BUILTIN_SYMBOLS, GENERATED_NAMES, GENERATED_SUFFIXES
 from kgen.errors import KgenError
 from kgen.families.base import Case
@@ -426,8 +426,31 @@ def test_a_spec_may_not_take_a_builtin_ops_name(ops_dir):
             read()
         assert str(info.value) == (
             f"spec 'rmsnorm' ({ops_dir / 'rmsnorm.py'}) has the name of kgen's own op 'rmsnorm' ({own}), "
-            "which it would replace (kgen's other ops load it): rename it, its file and its OpSpec name"
+            "which it would hide (kgen's other ops load theirs by name): "
+            "rename it, its file and its OpSpec name"
         )
+
+
+def test_two_folders_may_not_hold_one_op(tmp_path, monkeypatch):
+    """The first folder's spec won, silently."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+        write_spec(folder)
+    monkeypatch.setenv("KGEN_OPS_PATH", os.pathsep.join(map(str, (first, second))))
+    load_spec.cache_clear()
+    with pytest.raises(
+        KgenError, match=r"spec 'bad' \(.*/a/bad.py\) has the name of the op 'bad' \(.*/b/bad.py\)"
+    ):
+        op_names()
+    load_spec.cache_clear()
+
+
+def test_families_path_entries_are_folders(tmp_path, monkeypatch):
+    """A $KGEN_FAMILIES_PATH entry that is no folder was skipped: its specs then had an unknown structure."""
+    monkeypatch.setenv("KGEN_FAMILIES_PATH", str(tmp_path / "missing"))
+    with pytest.raises(KgenError, match=r"^\$KGEN_FAMILIES_PATH names .*/missing, which does not exist"):
+        load_families()
 
 
 def test_ops_path_entries_are_folders(tmp_path, monkeypatch):
