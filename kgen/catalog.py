@@ -330,7 +330,7 @@ class ShapeTable(_Model):
 def suite(op: str) -> list[Case]:
     """The op's benchmark shapes (`suite_table`); none for an op no shapes file lists."""
     return [
-        Case(tuple(e.shape), e.per_batch, tuple(e.params.items()), e.k_heads) for e in _suite_table(op).shapes
+        Case(tuple(e.shape), e.per_batch, tuple(e.params.items()), e.k_heads) for e in suite_table(op).shapes
     ]
 
 
@@ -360,13 +360,9 @@ def shape_tables(path: Path) -> dict[str, ShapeTable]:
     return found
 
 
-def _suite_table(op: str) -> ShapeTable:
+def suite_table(op: str) -> ShapeTable:
+    """The op's table ([<op>]) from the first shapes file that has one; an empty one where none does."""
     for path in shapes_files():
         if path.is_file() and op in (tables := shape_tables(path)):
             return tables[op]
     return ShapeTable()
-
-
-def suite_table(op: str) -> dict:
-    """The op's table ([<op>]) from the first shapes file that has one; {} where none does."""
-    return _suite_table(op).model_dump(exclude_unset=True)
