@@ -302,6 +302,9 @@ def explain(
         Optional[int],
         typer.Option("--k-heads", min=1, help="a rotary op's heads of k where they differ from q's (dim 1)"),
     ] = None,
+    per_batch: Annotated[
+        bool, typer.Option("--per-batch", help="broadcast inputs per batch (without --shape: the suite's)")
+    ] = False,
 ) -> None:
     """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
     from .catalog import suite
@@ -312,26 +315,23 @@ def explain(
     if len(archs) > 1:
         for name in archs:
             if dtype in load_profile(name).dtypes:
-                explain(op, name, dtype, shape, backward, k_heads)
+                explain(op, name, dtype, shape, backward, k_heads, per_batch)
             else:  # one arch without the dtype does not stop the others' plans
                 print_line(
                     f"{name}: no {dtype} arithmetic there, left out (its plans: --arch {name} --dtype fp16)"
                 )
         return
     spec, profile = load_spec(op), load_profile(arch)
-    if shape is None:  # the op's first benchmark shape, its k heads with it
-        case = next(iter(suite(op)), None)
-        shape, k_heads = (
-            "x".join(map(str, case.shape)) if case else "8192x4096",
-            k_heads or (case and case.k_heads),
-        )
+    case = None if shape is not None else next(iter(suite(op)), None)  # the op's first benchmark shape
+    dims = _shape(shape) if shape is not None else case.shape if case else (8192, 4096)
+    if case:  # its k heads and per-batch broadcast inputs with it
+        k_heads, per_batch = k_heads or case.k_heads, per_batch or case.per_batch
     tuning, (_, table_file) = load_tuning(profile.name, op), tuning_file(op, profile.name)
     if backward:
         if (spec := backward_spec(op)) is None:
             raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
         op = spec.name
-    dims = _shape(shape)
-    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads)
+    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads, per_batch)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made
     source = (
@@ -344,9 +344,9 @@ def explain(
         else f"every choice from rules (no `kgen tune` table entry for {op} {dtype} on {profile.name})"
     )
     devices = ", ".join(d.name for d in profile.devices)
-    shown = "×".join(map(str, dims))
-    what = f"shape {shown}" if len(dims) > 3 else f"{math.prod(dims[:-1])} rows × hidden {dims[-1]}"
-    what += f" (k heads {k_heads})" * bool(k_heads)
+    shown, rows = "×".join(map(str, dims)), math.prod(dims[:-1])
+    what = f"shape {shown}" if len(dims) > 3 or per_batch else f"{rows} rows × hidden {dims[-1]}"
+    what += f" (k heads {k_heads})" * bool(k_heads) + ", broadcast inputs per batch" * per_batch
     print_line(f"{op} on {profile.name} ({devices}), {dtype}, {what}; {source}")
     print_line(f"the planner's facts for {profile.name}: {profile.planner.basis}")
     _table("plan", ["choice", "value", "why"], [list(row) for row in plan.choices])

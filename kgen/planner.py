@@ -37,14 +37,22 @@ def plan_launch(
     shape: tuple[int, ...],
     tuning: TuningTable | None = None,
     k_heads: int | None = None,
+    per_batch: bool = False,
 ) -> LaunchPlan:
     """The configuration the generated launcher picks for a contiguous, aligned tensor of ``shape`` (leading
     dims, then hidden: [rows, hidden], or a rotary op's [batch, heads, tokens, head size], its second rotated
-    tensor with ``k_heads`` heads where given)."""
-    kernel = plan_kernel(spec, profile, dtype, tuning)
-    case = Case(tuple(shape), k_heads=k_heads)
+    tensor with ``k_heads`` heads where given), broadcast inputs per batch ([..., 1, hidden]) where
+    ``per_batch``, else per token. A shape the generated binding refuses is refused here with its reason."""
+    kernel, family = plan_kernel(spec, profile, dtype, tuning), family_of(spec)
+    case = Case(tuple(shape), per_batch, k_heads=k_heads)
     if not shape or case.rows < 1 or shape[-1] < 1:
         raise PlanError(f"shape must have rows >= 1 and hidden >= 1, got {tuple(shape)}")
-    if k_heads is not None and not family_of(spec).takes_k_heads(spec, tuple(shape)):
+    if k_heads is not None and not family.takes_k_heads(spec, tuple(shape)):
         raise PlanError("k heads are for a rotary op that rotates q and k, with a [B, H, T, D] shape")
-    return family_of(spec).launch(spec, profile, kernel, case)
+    if per_batch and not any(t.broadcast for t in spec.tensors):
+        raise PlanError(
+            f"per batch: {spec.name} has no broadcast input (read per batch or per token) for it to change"
+        )
+    if refused := family.refuses(spec, kernel, case):
+        raise PlanError(refused)
+    return family.launch(spec, profile, kernel, case)

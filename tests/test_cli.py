@@ -381,3 +381,75 @@ def test_explain_says_why_a_grid_passes_the_wave():
             int(grid.split("at most one full wave (")[1].split()[0]),
         )
         assert (blocks > wave) == ("rounded up to a multiple of 63 blocks" in grid) == (dim == 126), grid
+
+
+def test_explain_per_batch_counts_broadcast_inputs_once_a_batch():
+    """--per-batch: the broadcast inputs per batch ([B, 1, C]) in the traffic and the roofline, as the suite's
+    per-batch case (kgen bench moved 1341.9 MB for Wan's norm at 1×32760×5120), not per token (2012.82 MB);
+    without --shape the op's first case keeps its per_batch; an op with no broadcast input refuses it."""
+    from kgen.families.base import Case, min_bytes
+
+    op, shape = "residual_layernorm_fp32", (1, 32760, 5120)
+    spec = load_spec(op)
+    assert Case(shape, per_batch=True) in suite(op)
+    batch, token = (
+        min_bytes(family_of(spec), spec, Case(shape, per_batch), 2) for per_batch in (True, False)
+    )
+    assert batch != token
+    result = run("explain", op, "--shape", "1x32760x5120", "--per-batch")
+    assert result.exit_code == 0, result.output
+    assert "per batch" in result.output.splitlines()[0]
+    assert f"minimum traffic: {batch / 1e6:.2f} MB" in result.output and "1341.91 MB" in result.output
+    assert f"(3350 GB/s): {batch / 3350e3:.1f} µs" in result.output  # the roofline on the H100 SXM
+    plain = run("explain", op, "--shape", "1x32760x5120")
+    assert f"minimum traffic: {token / 1e6:.2f} MB" in plain.output
+    assert "per batch" not in plain.output.splitlines()[0]
+    for op in ("adaln_layernorm_fp32", "adaln_rmsnorm"):  # the first case is per batch
+        first, spec = suite(op)[0], load_spec(op)
+        assert first.per_batch
+        default = run("explain", op)
+        assert default.exit_code == 0, default.output
+        assert "broadcast inputs per batch" in default.output.splitlines()[0]
+        assert f"minimum traffic: {min_bytes(family_of(spec), spec, first, 2) / 1e6:.2f} MB" in default.output
+    refused = run("explain", "rmsnorm", "--shape", "8x4096", "--per-batch")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert "per batch: rmsnorm has no broadcast input" in " ".join(refused.output.split())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("rope", "--shape", "1x32x128x127"),
+            "rope: x's last dim holds pairs and must be even, got shape [1, 32, 128, 127]",
+        ),
+        (
+            ("qk_norm_rope", "--shape", "1x32x128x96", "--k-heads", "8"),
+            "qk_norm_rope: the norm before the rotation serves head sizes D = 16 · 2^k up to 512 in bfloat16",
+        ),
+        (
+            ("qk_norm_rope_flux", "--shape", "1x24x4608x96", "--backward"),
+            "qk_norm_rope_flux_backward: the norm",
+        ),
+        (("rope3d", "--shape", "1x2x2688x2048"), "rope3d: x must be [B, S, C] with S = frames·height·width"),
+    ],
+)
+def test_explain_refuses_a_shape_the_binding_refuses(args, message):
+    """No plan for a shape the generated op refuses: a one-line error in its binding's words."""
+    result = run("explain", *args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
+def test_explain_plans_the_shapes_the_binding_takes():
+    """Head sizes the fused q/k norm serves, an even one off the vector path, geglu's odd hidden (its packed
+    input [..., 2F] is even)."""
+    for args in (
+        ("qk_norm_rope", "--shape", "1x32x128x64", "--k-heads", "8"),
+        ("qk_norm_rope_flux", "--shape", "1x24x4608x256"),
+        ("rope", "--shape", "1x32x128x126"),
+        ("geglu", "--shape", "8x4097"),
+    ):
+        result = run("explain", *args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "minimum traffic:" in result.output

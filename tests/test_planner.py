@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kgen.catalog import arch_names, load_profile, load_spec
-from kgen.errors import KgenError
+from kgen.errors import KgenError, PlanError
 from kgen.families.base import DTYPE_BYTES
 from kgen.families.row_reduce import reduction as reduction_of
 from kgen.planner import plan_kernel, plan_launch
@@ -346,3 +346,109 @@ def test_rows_beyond_the_registers_split_into_row_groups(op, shape, per_batch, s
     assert choices["outputs grid"] == f"{chunks} column chunks × {groups} row groups"
     assert choices["partial rows"].startswith(f"{groups} × {hidden} fp32")
     assert 1 <= kernel.split_rows <= 4
+
+
+DIMS = "1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D])"
+
+
+@pytest.mark.parametrize(
+    "op, dtype, shape, message",
+    [
+        (
+            "rope",
+            "bfloat16",
+            (1, 8, 16, 63),
+            "x's last dim holds pairs and must be even, got shape [1, 8, 16, 63]",
+        ),
+        ("rope_interleaved", "float16", (7,), "x's last dim holds pairs and must be even, got shape [7]"),
+        ("rope", "bfloat16", (2, 1, 8, 16, 64), f"x must have {DIMS}, got shape [2, 1, 8, 16, 64]"),
+        (
+            "qk_norm_rope",
+            "bfloat16",
+            (1, 8, 16, 96),
+            "the norm before the rotation serves head sizes D = 16 · 2^k up to 512 in bfloat16 (D / 16 lanes "
+            "of one warp sum a head), got D = 96 (shape [1, 8, 16, 96])",
+        ),
+        ("qk_norm_rope_flux", "bfloat16", (1, 8, 16, 512), "head sizes D = 8 · 2^k up to 256 in bfloat16"),
+        ("qk_norm_rope_wan", "float32", (1, 16, 24), "D = 4 · 2^k up to 128 in float32 (D / 4 lanes"),
+        (
+            "rope3d",
+            "bfloat16",
+            (1, 2, 24, 64),
+            "x must be [B, S, C] with S = frames·height·width tokens in row-major order, got shape "
+            "[1, 2, 24, 64]",
+        ),
+        (
+            "rope_wan",
+            "bfloat16",
+            (24, 128),
+            "x must be [B, S, C] or [B, H, S, D] with S = frames·height·width",
+        ),
+    ],
+)
+def test_launch_refuses_what_the_binding_refuses(op, dtype, shape, message):
+    """A shape the generated binding refuses (TORCH_CHECK) is no plan, with the binding's words: odd rotary
+    pairs, more than 4 dims, a grid op's [B, S, C] (or [B, H, S, D]) layout, head sizes a q/k norm's warp
+    lanes cannot sum; its derived backward's too."""
+    from kgen.catalog import backward_spec
+
+    with pytest.raises(PlanError) as refused:
+        plan_launch(load_spec(op), load_profile("sm_90"), dtype, shape)
+    assert str(refused.value).startswith(f"{op}: ") and message in str(refused.value)
+    with pytest.raises(PlanError, match=f"^{op}_backward: "):
+        plan_launch(backward_spec(op), load_profile("sm_90"), dtype, shape)
+
+
+@pytest.mark.parametrize("op", ["qk_norm_rope", "qk_norm_rope_flux", "qk_norm_rope_wan"])
+def test_the_norms_head_sizes_are_the_bindings(op):
+    """Every even head size to 600 in each dtype: planned exactly where the rendered binding's condition
+    (hidden % norm_elems == 0, norm_lanes = hidden / norm_elems a power of two up to 32) holds."""
+    import re
+
+    from kgen.builder import render_target
+    from kgen.project import resolve_target
+
+    binding = render_target(resolve_target(op, "sm_90"))["torch-ext/torch_binding.cpp"]
+    access, pairs = map(
+        int, re.search(r"norm_elems = (\d+) / int64_t\(x\.element_size\(\)\) \* (\d)", binding).groups()
+    )
+    spec, profile = load_spec(op), load_profile("sm_90")
+    for dtype in profile.dtypes:
+        elems = access // DTYPE_BYTES[dtype] * pairs
+        for hidden in range(2, 601, 2):
+            lanes = hidden // elems
+            served = hidden % elems == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
+            try:
+                plan_launch(spec, profile, dtype, (1, 4, 8, hidden))
+            except PlanError as err:
+                assert not served and f"got D = {hidden}" in str(err), (dtype, hidden, err)
+            else:
+                assert served, (dtype, hidden)
+
+
+def test_a_packed_input_is_twice_the_planned_hidden():
+    """A two-halves op (geglu's [..., 2F]) is planned at its output's hidden: the input's last dim is always
+    even, which is all its binding asks, so an odd hidden plans (the scalar path)."""
+    from kgen.families import family_of
+    from kgen.families.base import Case
+
+    spec = load_spec("geglu")
+    plan = plan_launch(spec, load_profile("sm_90"), "bfloat16", (8, 4097))
+    assert plan.hidden == 4097 and plan.bucket.elems_per_access == 1
+    assert family_of(spec).tensor_shape(spec, spec.lead, Case((8, 4097))) == (8, 8194)
+
+
+def test_per_batch_counts_broadcast_inputs_once_a_batch():
+    """Broadcast inputs per batch ([B, 1, C]) in the traffic where asked (Wan's modulation: the 1341.9 MB
+    kgen bench moves), per token otherwise; refused for an op with no broadcast input."""
+    from kgen.families import family_of
+    from kgen.families.base import Case, min_bytes
+
+    spec, profile, shape = load_spec("residual_layernorm_fp32"), load_profile("sm_90"), (1, 32760, 5120)
+    family = family_of(spec)
+    per_batch = plan_launch(spec, profile, "bfloat16", shape, per_batch=True)
+    per_token = plan_launch(spec, profile, "bfloat16", shape)
+    assert per_batch.min_bytes == min_bytes(family, spec, Case(shape, per_batch=True), 2) == 1_341_911_040
+    assert per_token.min_bytes == min_bytes(family, spec, Case(shape), 2) > per_batch.min_bytes
+    with pytest.raises(PlanError, match="per batch: rmsnorm has no broadcast input"):
+        plan_launch(SPEC, profile, "bfloat16", (8, 4096), per_batch=True)

@@ -180,6 +180,10 @@ class Family:
     def takes_k_heads(self, spec: OpSpec, shape: tuple[int, ...]) -> bool:  # a second tensor's head count
         return False
 
+    def refuses(self, spec: OpSpec, kernel: KernelPlan, case: Case) -> str | None:
+        """Why the generated binding refuses ``case``'s shape (worded as its error), or None."""
+        return None
+
     def backward(self, spec: OpSpec) -> OpSpec | None:
         """The op's backward as a spec of its own (derived from the forward's math; planned and rendered
         like any op, into the forward's project), or None where the family derives none yet."""
@@ -324,10 +328,9 @@ def vector_notes(
 
 
 def min_bytes(family: Family, spec: OpSpec, case: Case, elem: int) -> int:
-    """Each input read once and each output written once (broadcast inputs counted per row)."""
-    full = Case(case.shape, False, case.params, case.k_heads)
+    """Each input read once and each output written once (broadcast inputs per batch where ``case`` is)."""
     return sum(
-        math.prod(family.tensor_shape(spec, t, full)) * (4 if t.dtype == "float32" else elem)
+        math.prod(family.tensor_shape(spec, t, case)) * (4 if t.dtype == "float32" else elem)
         for t in spec.tensors
     )
 

@@ -355,6 +355,21 @@ class RotaryFamily(Family):
             kernel, b, rows, hidden, grid, 0, min_bytes(self, spec, case, kernel.elem_bytes), choices
         )
 
+    def refuses(self, spec: OpSpec, kernel: KernelPlan, case: Case) -> str | None:
+        """The binding's shape checks: 1 to 4 dims, whole pairs, a grid's layout, a norm's head sizes (D over
+        the elements a lane sums: an access's, of each half for rotate_half)."""
+        structure, shape, x = spec.structure, tuple(case.shape), spec.lead.name
+        got = f"got shape {list(shape)}"
+        if not 1 <= len(shape) <= 4:
+            return f"{spec.name}: {x} must have 1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D]), {got}"
+        if shape[-1] % 2:
+            return f"{spec.name}: {x}'s last dim holds pairs and must be even, {got}"
+        elems = kernel.vector_bytes // kernel.elem_bytes * (2 if structure.pairing == "half" else 1)
+        refused = (structure.grid and structure.grid.refuses(x, shape)) or (
+            structure.norm and structure.norm.refuses(shape, elems, kernel.dtype)
+        )
+        return f"{spec.name}: {refused}" if refused else None
+
     def takes_k_heads(self, spec: OpSpec, shape: tuple[int, ...]) -> bool:
         return len(spec.structure.rotates) > 1 and len(shape) == 4  # k's [B, Hk, T, D] beside q's
 

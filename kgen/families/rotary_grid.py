@@ -94,6 +94,15 @@ class GridAngles(_Model):
             "double" if double else "float",
         )
 
+    def refuses(self, lead: str, shape: tuple[int, ...]) -> str | None:
+        """The binding's check of the lead's dims: [B, S, C], with layout "blocks" also [B, H, S, D]. (Its
+        checks of the sizes against the tokens and of the axes' channels against C read the params too.)"""
+        blocks = self.layout == "blocks"
+        if len(shape) == 3 or (blocks and len(shape) == 4):
+            return None
+        tokens = f" with S = {'·'.join(self.sizes)} tokens in row-major order" if self.sizes else ""
+        return f"{lead} must be [B, S, C]{' or [B, H, S, D]' * blocks}{tokens}, got shape {list(shape)}"
+
     def tables(self, given: dict, params: dict, lead) -> tuple:
         """cos and sin [B, S, C] (or [B, 1, S, D] beside a 4-D lead) from the grid angles, in the grid's
         precision as the kernel computes them, rounded to fp32."""

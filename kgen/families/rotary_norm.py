@@ -80,6 +80,17 @@ class RotaryNorm(_Model):
         check_symbols(self.finalize, {"row_sum", "inv_count"} | floats, "structure.norm.finalize", False)
         check_symbols(self.normed, {"x", "weight", "rstd"} | floats, "structure.norm.normed")
 
+    def refuses(self, shape: tuple[int, ...], elems: int, dtype: str) -> str | None:
+        """The binding's head sizes: D / ``elems`` (an access's elements, twice that for rotate_half pairs)
+        lanes of one warp, a power of two up to 32."""
+        hidden = shape[-1]
+        if hidden % elems == 0 and 1 <= (lanes := hidden // elems) <= 32 and lanes & (lanes - 1) == 0:
+            return None
+        return (
+            f"the norm before the rotation serves head sizes D = {elems} · 2^k up to {32 * elems} in {dtype} "
+            f"(D / {elems} lanes of one warp sum a {self.over}), got D = {hidden} (shape {list(shape)})"
+        )
+
     def gradients(self) -> dict[str, sp.Expr]:
         """The norm's backward per element, derived by sympy (its roundings differentiate as the identity):
         from grad_normed, the gradient reaching an element's normed value, the summand of the backward
