@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 MB = 1e6
+PNG = {"dpi": 110, "bbox_inches": "tight", "metadata": {"Software": None}}  # no version: the same bytes
 
 
 def missed(row: dict) -> str:
@@ -87,7 +88,7 @@ def plot(result: dict, path: Path) -> None:
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, **PNG)
     plt.close(fig)
 
 

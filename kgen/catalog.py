@@ -24,6 +24,7 @@ from .errors import ProfileError, SpecError
 from .families import families, family_of, register
 from .families.base import Case, Family
 from .profile import ArchProfile, TuningTable
+from .spec_helpers import helper_imports
 
 _PACKAGE = Path(__file__).resolve().parent
 _SPECS = "kgen_ops"  # the module package specs load under
@@ -122,6 +123,7 @@ def _load_families(dirs: tuple[Path, ...]) -> list[Family]:
 
 _loading: list[set[str]] = []  # the specs a spec being loaded loads in turn (its dependencies)
 _dependencies: dict[str, set[str]] = {}
+_helpers: dict[str, list[Path]] = {}  # the helper modules beside it each spec imports (in its hash)
 
 
 def load_spec(name: str) -> OpSpec:
@@ -132,11 +134,12 @@ def load_spec(name: str) -> OpSpec:
 
 
 def _did_you_mean(name: str, known: list[str]) -> str:
-    """ " (did you mean 'x'?)" for the closest known name, when one is close (ties go to the longer common
-    prefix: sm_101 is taken for sm_100, not sm_120)."""
+    """ " (did you mean 'x'?)" for the closest known name, when one is close (its letters swapped are: esp
+    is taken for eps; ties go to the longer common prefix: sm_101 is taken for sm_100, not sm_120)."""
 
     def closeness(k: str) -> tuple[float, int]:
-        return difflib.SequenceMatcher(None, name, k).ratio(), len(os.path.commonprefix([name, k]))
+        ratio = max(difflib.SequenceMatcher(None, name, k).ratio(), 0.8 * (sorted(name) == sorted(k)))
+        return ratio, len(os.path.commonprefix([name, k]))
 
     best = max(known, key=closeness, default=None)
     return f" (did you mean {best!r}?)" if best is not None and closeness(best)[0] >= 0.8 else ""
@@ -162,7 +165,8 @@ def _load_spec(name: str) -> OpSpec:
     sys.modules[module_name] = module
     _loading.append(set())
     try:
-        loader_spec.loader.exec_module(module)
+        with helper_imports(path.parent, ops_dirs()) as used:
+            loader_spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - any failure of the user's module is reported as the spec's
         line = next(
             (
@@ -183,6 +187,7 @@ def _load_spec(name: str) -> OpSpec:
         raise SpecError(f"spec {name!r} ({where}) failed to load: {type(err).__name__}: {err}{hint}") from err
     finally:
         _dependencies[name] = _loading.pop()
+    _helpers[name] = sorted(set(used))
     spec = getattr(module, "spec", None)
     if not isinstance(spec, OpSpec):
         raise SpecError(
@@ -210,15 +215,16 @@ def backward_spec(name: str) -> OpSpec | None:
 
 
 def spec_hash(name: str) -> str:
-    """Content hash of the spec module and of the specs it loads: it names the spec version in emitted
-    headers."""
+    """Content hash of the spec module, of the helper modules beside it that it imports and of the specs it
+    loads: it names the spec version in emitted headers."""
     load_spec(name)
     digest, seen, todo = hashlib.sha256(), set(), [name]
     while todo:
         current = todo.pop()
         if current not in seen:
             seen.add(current)
-            digest.update(Path(sys.modules[f"{_SPECS}.{current}"].__file__).read_bytes())
+            for file in [Path(sys.modules[f"{_SPECS}.{current}"].__file__), *_helpers.get(current, ())]:
+                digest.update(file.read_bytes())
             todo += sorted(_dependencies.get(current, ()))
     return digest.hexdigest()[:12]
 
@@ -361,8 +367,19 @@ def shape_tables(path: Path) -> dict[str, ShapeTable]:
 
 
 def suite_table(op: str) -> ShapeTable:
-    """The op's table ([<op>]) from the first shapes file that has one; an empty one where none does."""
+    """The op's table ([<op>]) from the first shapes file that has one, each shape's params the op's (an
+    integer param's value an integer); an empty one where none does."""
     for path in shapes_files():
         if path.is_file() and op in (tables := shape_tables(path)):
+            params = {p.name: p for p in load_spec(op).params}
+            for i, case in enumerate(tables[op].shapes):
+                for name, value in case.params.items():
+                    where = f"shapes file {path} is invalid:\n  [{op}].shapes.{i}.params.{name}:"
+                    if name not in params:
+                        hint = _did_you_mean(name, list(params))
+                        known = ", ".join(params) or "(none)"
+                        raise SpecError(f"{where} {op} has no param {name!r}{hint}; its params: {known}")
+                    if params[name].integer and value != int(value):
+                        raise SpecError(f"{where} {name} is an integer param (got {value!r})")
             return tables[op]
     return ShapeTable()

@@ -84,10 +84,9 @@ def _roundings(spec, convention: str) -> int:
     return sum(1 for e in exprs for node in sp.preorder_traversal(e) if type(node).__name__ == "to_io_dtype")
 
 
-def _cases(family, spec, variants: list[dict]) -> list:
+def _cases(cases: list, variants: list[dict]) -> list:
     """The family's example cases, then the small ones (4096 elements at most) again at each variant of the
     params that no case sets (those a case sets are tied to its shape: a grid's sizes, an axis's channels)."""
-    cases = family.example_cases(spec)
     tied = {name for c in cases for name, _ in c.params}
     small = [c for c in cases if prod(c.shape) <= 4096] or cases[:1]
     return cases + [
@@ -141,12 +140,12 @@ def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=N
     import torch
 
     family = family_of(spec)
-    results = []
+    results, examples = [], family.example_cases(spec)
+    cases = _cases(examples, variants)
     for convention in (c.name for c in spec.structure.conventions):
         for dtype, tolerance in TOLERANCE.items():
             atol, rtol = (steps(convention) * t for t in family.check_tolerance(spec, *tolerance))
             worst, where, random_bad = 0.0, "-", False
-            shapes, cases = len(family.example_cases(spec)), _cases(family, spec, variants)
             for case, probes in ((c, p) for c in cases for p in (False, True)):
                 inputs = family.example_inputs(spec, case, getattr(torch, dtype), generator, probes=probes)
                 params = case.param_values(spec)
@@ -166,7 +165,7 @@ def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=N
                         worst, where = bad, f"{case.label}{PROBED if probes else ''}, {tensor.name}"
             # only a failure where the probes are (none on random inputs) is a derivative's convention there
             where = where.replace(PROBED, "") if random_bad else where
-            results.append(Result(spec.name, convention, dtype, shapes, worst, where))
+            results.append(Result(spec.name, convention, dtype, len(examples), worst, where))
     return results
 
 

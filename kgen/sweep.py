@@ -14,7 +14,7 @@ import json
 import random
 from pathlib import Path
 
-from .bench_report import MB
+from .bench_report import MB, PNG
 from .catalog import load_spec
 from .errors import UsageError
 from .families.base import Case
@@ -160,7 +160,7 @@ def heatmap(result: dict, path: Path) -> None:
         f"({result['device']}, {result['date']}; hatched: ≤ {JUDGED_BYTES / MB:g} MB, not judged)",
     )
     fig.colorbar(image, ax=ax, label="best peer / kgen (> 1: kgen faster)")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, **PNG)
     plt.close(fig)
 
 

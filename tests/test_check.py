@@ -14,6 +14,7 @@ from kgen.catalog import load_spec, op_names
 from kgen.check import _variants, check
 from kgen.cli import app
 from kgen.dsl import Param
+from kgen.families import family_of
 
 OPS = Path(__file__).resolve().parents[1] / "ops"
 
@@ -180,6 +181,22 @@ def test_the_params_vary_within_their_range():
             assert isinstance(values["frames"], int) and isinstance(values["ignore"], int)
             assert all(values[p.name] != p.default for p in Spec.params)
         assert variants[0] != variants[1]
+
+
+def test_the_example_cases_are_asked_once_a_spec(monkeypatch):
+    """They were asked again for every convention and dtype (once more only to count them)."""
+    spec = load_spec("gelu_tanh")
+    family = type(family_of(spec))  # the backward's too
+    asked, example_cases = [], family.example_cases
+
+    def counted(self, spec):
+        asked.append(spec.name)
+        return example_cases(self, spec)
+
+    monkeypatch.setattr(family, "example_cases", counted)
+    results = check("gelu_tanh")
+    assert sorted(asked) == ["gelu_tanh", "gelu_tanh_backward"]
+    assert {r.shapes for r in results if r.op == "gelu_tanh"} == {len(example_cases(family_of(spec), spec))}
 
 
 @pytest.mark.parametrize(

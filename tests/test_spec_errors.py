@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import textwrap
 
 import pytest
 
 from kgen.builder import render_target
-from kgen.catalog import backward_spec, data_dir, load_families, load_spec, op_names, suite
+from kgen.catalog import backward_spec, data_dir, load_families, load_spec, op_names, spec_hash, suite
 from kgen.dsl import BUILTIN_SYMBOLS, GENERATED_NAMES, GENERATED_SUFFIXES
 from kgen.errors import KgenError
 from kgen.families.base import Case
@@ -417,6 +418,46 @@ def test_every_param_is_read(ops_dir):
     assert backward_spec("bad").unused_params() == ["shift"]
 
 
+def write_helper_spec(folder, name, helper="EPS = 1e-6\n", importing="from _common import EPS"):
+    """A spec whose eps default comes from the helper module _common.py beside it."""
+    (folder / "_common.py").write_text(helper)
+    write_spec(folder, file=name, name=repr(name), params='[Param(name="eps", default=EPS, positive=True)]')
+    text = (folder / f"{name}.py").read_text()
+    (folder / f"{name}.py").write_text(f"from kgen.catalog import load_spec\n{importing}\n{text}")
+
+
+def test_a_spec_imports_the_helpers_beside_it(tmp_path, monkeypatch):
+    """They were not importable (ModuleNotFoundError: No module named '_common'). While a spec executes its
+    folder's helpers import by plain name, then none stays importable; two folders' helpers of one name do
+    not meet, where a spec loads another folder's either."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+    loads_second = 'load_spec("second")\nimport _common as again\nassert again.EPS == 1e-6'  # its own again
+    write_helper_spec(first, "first", importing=f"import _common\nEPS = _common.EPS\n{loads_second}")
+    write_helper_spec(second, "second", "EPS = 1e-5\n")
+    monkeypatch.setenv("KGEN_OPS_PATH", os.pathsep.join(map(str, (first, second))))
+    load_spec.cache_clear()
+    try:
+        assert load_spec("first").params[0].default == 1e-6
+        assert load_spec("second").params[0].default == 1e-5
+        assert "_common" not in sys.modules and not {str(first), str(second)} & set(sys.path)
+    finally:
+        load_spec.cache_clear()
+
+
+def test_the_spec_hash_covers_the_helpers_it_imports(ops_dir):
+    write_helper_spec(ops_dir, "bad")
+    (ops_dir / "_unused.py").write_text("X = 1\n")
+    before = spec_hash("bad")
+    (ops_dir / "_unused.py").write_text("X = 2\n")
+    load_spec.cache_clear()
+    assert spec_hash("bad") == before
+    (ops_dir / "_common.py").write_text("EPS = 1e-5\n")
+    load_spec.cache_clear()
+    assert spec_hash("bad") != before and load_spec("bad").params[0].default == 1e-5
+
+
 def test_a_spec_may_not_take_a_builtin_ops_name(ops_dir):
     """It replaced kgen's own rmsnorm, and broke kgen's ops that load it: every command refuses it."""
     write_spec(ops_dir, file="rmsnorm", name='"rmsnorm"')
@@ -487,8 +528,21 @@ def test_ops_path_entries_are_folders(tmp_path, monkeypatch):
         ),
         ("[bad]\nshapes = [[8, 16], 'x']", "[bad].shapes.1: Value error, a shape is a list of dims"),
         ("shapes = [[8, 16]]", "shapes: a key outside the [<op>] tables"),
+        (
+            "[bad]\nshapes = [[8, 16], {shape = [8, 16], params = {esp = 1e-5}}]",
+            "[bad].shapes.1.params.esp: bad has no param 'esp' (did you mean 'eps'?); its params: eps",
+        ),
     ],
-    ids=["one shape", "misspelt key", "unknown op", "zero dim", "int flag", "no shape", "key outside"],
+    ids=[
+        "one shape",
+        "misspelt key",
+        "unknown op",
+        "zero dim",
+        "int flag",
+        "no shape",
+        "key outside",
+        "misspelt param",
+    ],
 )
 def test_shapes_file_errors(ops_dir, toml, fragment):
     """A shape that is none crashed or was taken, a misspelt key or op name was skipped."""
@@ -507,6 +561,27 @@ def test_shapes_files_load(ops_dir):
     )
     assert suite("bad") == [Case((8, 16)), Case((2, 4, 16), per_batch=True)]
     assert all(suite(op) for op in op_names() if op != "bad")  # kgen's own bench/shapes.toml lists every op
+
+
+def test_shapes_file_integer_params(ops_dir):
+    """An integer param's value was cut to an integer (2.5 ran as 2)."""
+    (ops_dir / "bad.py").write_text(
+        SOFTMAX_LOSS.format(
+            tensors=LOSS_TENSORS,
+            params='[Param(name="ignore_index", default=-100, integer=True)]',
+            logit="logits",
+        )
+    )
+    shapes = ops_dir / "shapes.toml"
+    shapes.write_text("[bad]\nshapes = [{shape = [8, 16], params = {ignore_index = 2.5}}]\n")
+    with pytest.raises(KgenError) as info:
+        suite("bad")
+    assert str(info.value) == (
+        f"shapes file {shapes} is invalid:\n  [bad].shapes.0.params.ignore_index: ignore_index is an integer "
+        "param (got 2.5)"
+    )
+    shapes.write_text("[bad]\nshapes = [{shape = [8, 16], params = {ignore_index = 2}}]\n")
+    assert suite("bad") == [Case((8, 16), params=(("ignore_index", 2),))]
 
 
 def test_name_must_match_file(ops_dir):
@@ -765,3 +840,42 @@ def test_softmax_loss_errors(ops_dir, tensors, params, logit, fragment):
     (ops_dir / "bad.py").write_text(SOFTMAX_LOSS.format(tensors=tensors, params=params, logit=logit))
     with pytest.raises(KgenError, match=re.escape(fragment)):
         load_spec("bad")
+
+
+ELEMENTWISE_SHIFT = STRUCTURES.format(
+    tensors='[Tensor(name="x", dims="*rows hidden"), Tensor(name="out", dims="*rows hidden", role="output")]',
+    params='[Param(name="shift", default=0.5)]',
+    structure='Elementwise(conventions=[Convention(name="plain", matches="-", outputs={"out": x + '
+    'sp.Symbol("shift")})])',
+    inplace="{}",
+)
+ROTARY_SCALE = STRUCTURES.format(
+    tensors=TABLES,
+    params='[Param(name="scale", default=2.0)]',
+    structure=ROTARY.replace('{"out": x * cos', '{"out": sp.Symbol("scale") * x * cos'),
+    inplace="{}",
+)
+LOSS_IGNORE = SOFTMAX_LOSS.format(
+    tensors=LOSS_TENSORS, params='[Param(name="ignore_index", default=-100, integer=True)]', logit="logits"
+)
+
+
+@pytest.mark.parametrize(
+    "source, described",
+    [
+        # a row reduction (and its backward, a column reduction)
+        (textwrap.dedent(TEMPLATE.format(**GOOD)), "eps: a float (default 1e-06)"),
+        (ELEMENTWISE_SHIFT, "shift: a float (default 0.5)"),
+        (ROTARY_SCALE, "scale: a float (default 2.0)"),
+        (LOSS_IGNORE, "ignore_index: an int (default -100)"),
+    ],
+    ids=["row_reduce", "elementwise", "rotary", "softmax_loss"],
+)
+def test_a_param_without_doc_renders_no_empty_comment(ops_dir, source, described):
+    """A param's kernel field had an empty `// ` comment, its docstring line no description."""
+    (ops_dir / "bad.py").write_text(source)
+    files = render_target(resolve_target("bad", "sm_90"))
+    empty = [line for text in files.values() for line in text.splitlines() if re.search(r";\s*//\s*$", line)]
+    assert not empty and any(f.endswith(".cu") for f in files)
+    docstring = files["torch-ext/bad_sm90/__init__.py"]
+    assert f"\n        {described}\n" in docstring, docstring

@@ -551,7 +551,8 @@ def assert_inert(spec: OpSpec, files: dict[str, str], blank: dict[str, str]) -> 
             assert docstrings_dropped(text, path) == docstrings_dropped(blank[path], path), path
         elif path.endswith((".cu", ".h", ".cpp")):  # text only in // comments that end on their line
             for line, before in changed:
-                assert "//" in line and line.split("//")[0] == before.split("//")[0], (path, line)
+                code = line.split("//")[0].rstrip()  # a blank doc renders no comment at all
+                assert "//" in line and code == before.split("//")[0].rstrip(), (path, line)
                 assert not line.rstrip().endswith(("\\", "??/")), (path, line)
         elif path == "build.toml":
             assert tomllib.loads(text) == tomllib.loads(blank[path])

@@ -132,3 +132,21 @@ def test_run_sweep_writes_the_table_the_heatmap_and_the_bandwidth_plot(tmp_path,
     assert "**0.50** ✗" in stem.with_suffix(".md").read_text()
     assert stem.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "adaln_rmsnorm-sweep-per-batch-bandwidth.png").read_text() == "run_bench's"
+
+
+def test_a_plot_is_the_same_bytes_whichever_matplotlib_draws_it(tmp_path, monkeypatch):
+    """`kgen plot` and the heatmap rewrote tracked PNGs with new bytes for the same results: the PNG held
+    matplotlib's version."""
+    import json
+
+    matplotlib = pytest.importorskip("matplotlib")
+    result = made_up_result({(64, 8192): 20.0}) | {"large_copy_gbs": 3000.0}
+    result["rows"] = [r | {"copy_same_us": 5.0} for r in result["rows"][:8]]
+    (tmp_path / "gelu_tanh.json").write_text(json.dumps(result))
+    drawn = []
+    for version in ("3.9.0", "3.11.2"):
+        monkeypatch.setattr(matplotlib, "__version__", version)
+        assert CliRunner().invoke(app, ["plot", "gelu_tanh", "--results", str(tmp_path)]).exit_code == 0
+        heatmap(result, tmp_path / "heat.png")
+        drawn.append(((tmp_path / "gelu_tanh.png").read_bytes(), (tmp_path / "heat.png").read_bytes()))
+    assert drawn[0] == drawn[1] and drawn[0][0][:8] == b"\x89PNG\r\n\x1a\n"
