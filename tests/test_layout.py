@@ -187,7 +187,7 @@ SIZES = {
     "integrations/transformers.py": 175,  # the layers, and the causal-LM loss (causal_lm_loss)
     "integrations/causal_mask.py": 95,  # the causal mask left to SDPA's is_causal under torch.compile
     "integrations/decoder.py": 110,  # the decoder layers' residual adds fused with their norms
-    "integrations/attention.py": 125,  # Qwen3's q/k norms fused with the rotary embedding
+    "integrations/attention.py": 160,  # Qwen3's q/k norms fused with the rotary embedding; the grouped decode
     "integrations/_rotary_fit.py": 20,  # the head sizes the fused q/k norm kernels serve
 }
 

@@ -284,6 +284,101 @@ def test_qwen3_q_k_norms_and_rotation_in_one_pass(served_ops, build_root):
     assert kernelize(fused, arch=arch, root=build_root) == served
 
 
+def test_a_decode_step_attends_on_the_grouped_heads(served_ops, build_root, monkeypatch):
+    """With a static cache each decode step (one query token, a mask) of a fused Qwen3 attention runs SDPA on
+    the grouped k/v heads, not the model's attention function (which copies k and v out to every query head
+    there on transformers < 5.24, and under torch.compile on any); the prefill (many tokens) is the model's
+    function; the greedy tokens are the unfused model's."""
+    import copy
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    arch, _ = served_ops
+    unfused = model_of("qwen3", SMALL, layers=2).to(torch.bfloat16)
+    fused = copy.deepcopy(unfused)
+    kernelize(unfused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
+    kernelize(fused, arch=arch, root=build_root)
+    sdpa, queries = ALL_ATTENTION_FUNCTIONS["sdpa"], Counter()
+
+    def counted(module, q, *args, **kwargs):
+        queries[q.shape[2]] += 1
+        return sdpa(module, q, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", counted)
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 24), device=DEVICE)
+    tokens = []
+    for model in (fused, unfused):
+        queries.clear()
+        tokens.append(
+            model.generate(
+                ids, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0
+            )
+        )
+        assert queries[24] == 2, model  # the prefill: the model's function in both layers
+        assert queries[1] == (0 if model is fused else 6), model  # 3 decode steps × 2 layers
+    assert tokens[0].shape == (2, 28) and (GPU or torch.equal(*tokens))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_grouped_decode_attention_is_as_exact_as_the_models(dtype):
+    """SDPA on the grouped heads against SDPA on k and v copied out to every head (transformers' repeat_kv)
+    and both against float64: its error no larger than the copy's (× 1.5 plus one unit of the dtype at the
+    outputs' size; the same scores, softmax and sums, in another kernel launch shape)."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from kgen.integrations.attention import _attend_grouped
+
+    batch, heads, kv_heads, keys, dim = 3, 8, 2, 77, 128
+    torch.manual_seed(0)
+    q = torch.randn(batch, 1, heads, dim, device=DEVICE).to(dtype).transpose(1, 2)  # as the model's view
+    k, v = (torch.randn(batch, kv_heads, keys, dim, device=DEVICE).to(dtype) for _ in range(2))
+    mask = torch.rand(batch, 1, 1, keys, device=DEVICE) < 0.6
+    mask[..., 0] = True
+    attention = type("Attention", (), {"scaling": dim**-0.5})
+    got = _attend_grouped(attention, q, k, v, mask)
+
+    def sdpa(q, k, v):
+        groups = heads // kv_heads
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, scale=attention.scaling
+        )
+        return out.transpose(1, 2)
+
+    want, truth = sdpa(q, k, v), sdpa(q.double(), k.double(), v.double())
+    assert got.shape == want.shape == (batch, 1, heads, dim) and got.dtype == dtype
+    unit = torch.finfo(dtype).eps * truth.abs().max().item()
+    error = [(t.double() - truth).abs().max().item() for t in (got, want)]
+    assert error[0] <= 1.5 * error[1] + unit, error
+
+
+def test_only_a_masked_grouped_decode_step_is_attended_on_the_grouped_heads():
+    """The grouped call is for SDPA's copy only: not without a mask (SDPA's enable_gqa serves it), at many
+    query tokens, without grouped heads, under another implementation, with dropout or scores asked for."""
+    from types import SimpleNamespace
+
+    from kgen.integrations.attention import _grouped_decode
+
+    def attention(implementation="sdpa", training=False):
+        config = SimpleNamespace(_attn_implementation=implementation)
+        return SimpleNamespace(config=config, training=training, attention_dropout=0.1)
+
+    q, k, mask = torch.zeros(2, 8, 1, 4), torch.zeros(2, 2, 9, 4), torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    assert _grouped_decode(attention(), q, k, mask, {})
+    assert _grouped_decode(attention(), q, k, mask[:1], {})  # one mask for the batch
+    refused = [
+        (attention(), q, k, None, {}),
+        (attention(), torch.zeros(2, 8, 3, 4), k, torch.ones(2, 1, 3, 9, dtype=torch.bool), {}),
+        (attention(), q, torch.zeros(2, 8, 9, 4), mask, {}),
+        (attention(), q, torch.zeros(2, 3, 9, 4), mask, {}),
+        (attention(), q, k, torch.ones(2, 8, 1, 9, dtype=torch.bool), {}),  # a mask per head
+        (attention("eager"), q, k, mask, {}),
+        (attention(training=True), q, k, mask, {}),
+        (attention(), q, k, mask, {"output_attentions": True}),
+    ]
+    for case in refused:
+        assert not _grouped_decode(*case), case
+
+
 def test_an_attention_the_kernel_does_not_fit_runs_the_models_norms(served_ops, build_root):
     """Where a call does not fit qk_norm_rope (here k_norm's eps unlike q_norm's), that attention runs its
     norms (kgen's RMSNorm) and transformers' rotation: the unfused model's logits; an attention whose q_norm
