@@ -1,8 +1,11 @@
 """Hardware counters (Nsight Compute) for kgen's kernel at every benchmark shape of the given ops, so a missed
 bar can be explained by measurement: DRAM bytes moved against the bytes counted, DRAM throughput, achieved
-against theoretical occupancy, waves, registers, instructions.
+against theoretical occupancy, waves, registers, instructions. With --peer, the op's torch.compile peer (as
+kgen bench compiles it: its first peer, afresh per shape, dynamic=False) at the same shapes, for the misses
+against it; --shapes keeps the shapes whose label holds one of the given texts.
 
 python3 scripts/ncu_counters.py rmsnorm rope3d --build-dir /tmp/kgen-build --out ncu.md
+python3 scripts/ncu_counters.py rmsnorm --peer --shapes 1×128×4096 "2048×4096" --out ncu-peers.md
 
 runs itself under `ncu --clock-control none` (clocks are left as they are; caches are flushed before each
 replay, as the benchmark flushes L2) and profiles only the launch between cudaProfilerStart/Stop of each
@@ -36,7 +39,7 @@ METRICS = {  # metric -> (column, the factor from ncu's base unit: ns, bytes, co
 }
 
 
-def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
+def child(ops: list[str], build_dir: Path, labels_path: Path, peer: bool, shapes: list[str]) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,6 +54,7 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
             fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
+        torch.cuda._sleep(1)  # a marker kernel: the kernels up to the next marker are this call's
         fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
@@ -60,6 +64,8 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
         spec = load_spec(op)
         kernel = getattr(load(build_op(op, device_arch(), build_dir)), op)
         for case in suite(op):
+            if shapes and not any(text in case.label for text in shapes):
+                continue
             params = case.param_values(spec)
             inputs = example_inputs(
                 spec, case.shape, torch.bfloat16, per_batch=case.per_batch, k_heads=case.k_heads
@@ -69,11 +75,39 @@ def child(ops: list[str], build_dir: Path, labels_path: Path) -> None:
                 t.numel() * t.element_size()
                 for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])]
             )
-            profiled(
-                json.dumps({"op": op, "shape": case.label, "counted": counted}),
-                lambda: kernel(*inputs, *params),
-            )
+            label = {"op": op, "shape": case.label, "counted": counted}
+            profiled(json.dumps(label | {"impl": "kgen"}), lambda: kernel(*inputs, *params))
+            if peer and spec.peers:
+                torch._dynamo.reset()
+                compiled = torch.compile(next(iter(spec.peers.values())), dynamic=False)
+                profiled(json.dumps(label | {"impl": "torch.compile"}), lambda: compiled(*inputs, *params))
     labels_path.write_text("\n".join(labels) + "\n")
+
+
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel, launched first in each profiled call
+
+
+def calls(kernels: list[dict]) -> list[dict]:
+    """The kernels between markers, one dict per profiled call: durations, DRAM bytes and instructions summed
+    over its kernels, the other counters the longest kernel's, and how many kernels it launched."""
+    out: list[list[dict]] = []
+    for k in kernels:
+        if MARKER in k["kernel"]:
+            out.append([])
+        elif out:
+            out[-1].append(k)
+    summed = (
+        "gpu__time_duration.sum",
+        "dram__bytes_read.sum",
+        "dram__bytes_write.sum",
+        "smsp__inst_executed.sum",
+    )
+    merged = []
+    for group in out:
+        longest = max(group, key=lambda k: k.get("gpu__time_duration.sum", 0.0), default={})
+        sums = {m: sum(k.get(m, 0.0) for k in group) for m in summed}
+        merged.append(longest | sums | {"kernels": len(group)})
+    return merged
 
 
 def parse(csv_text: str) -> list[dict]:
@@ -91,10 +125,10 @@ def parse(csv_text: str) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["op", "shape", "MB counted", *(column for column, _ in METRICS.values())]
+    head = ["op", "shape", "impl", "kernels", "MB counted", *(column for column, _ in METRICS.values())]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["op"], r["shape"], f"{r['counted'] / 1e6:.1f}"]
+        cells = [r["op"], r["shape"], r["impl"], str(r["kernels"]), f"{r['counted'] / 1e6:.1f}"]
         for metric, (_, factor) in METRICS.items():
             v = r.get(metric)
             cells.append(f"{v * factor:.3g}" if isinstance(v, float) else str(v or ""))
@@ -107,10 +141,12 @@ def main() -> None:
     parser.add_argument("ops", nargs="+")
     parser.add_argument("--build-dir", type=Path, default=Path("build/bench"))
     parser.add_argument("--out", type=Path, default=Path("ncu.md"))
+    parser.add_argument("--peer", action="store_true", help="also the op's torch.compile peer")
+    parser.add_argument("--shapes", nargs="+", default=[], help="only shapes whose label holds one of these")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.ops, args.build_dir, args.child)
+        return child(args.ops, args.build_dir, args.child, args.peer, args.shapes)
     labels_path = args.out.with_suffix(".labels")
     cmd = [
         "ncu",
@@ -128,6 +164,8 @@ def main() -> None:
         *args.ops,
         "--build-dir",
         str(args.build_dir),
+        *(["--peer"] if args.peer else []),
+        *(["--shapes", *args.shapes] if args.shapes else []),
         "--child",
         str(labels_path),
     ]
@@ -135,11 +173,11 @@ def main() -> None:
     args.out.with_suffix(".ncu.csv").write_text(run.stdout)
     if run.returncode != 0:
         sys.exit(f"ncu failed ({run.returncode}):\n{run.stderr[-3000:]}\n{run.stdout[-3000:]}")
-    kernels = parse(run.stdout)
+    kernels = calls(parse(run.stdout))
     labels = labels_path.read_text().splitlines()
-    if len(kernels) != len(labels):
+    if len(kernels) != len(labels) or not all(k["kernels"] for k in kernels):
         sys.exit(
-            f"{len(kernels)} kernels profiled for {len(labels)} launches; see "
+            f"{len(kernels)} calls profiled for {len(labels)} launches; see "
             f"{args.out.with_suffix('.ncu.csv')}"
         )
     rows = []
