@@ -6,7 +6,7 @@ with its largest difference relative to the base output's largest magnitude). Fo
 change measured before it lands: build the ops from each tree (`kgen build OPS --arch sm_90 --compile
 --out DIR`), then
 
-python3 scripts/variants.py BASE NEW OP... [--largest]
+python3 scripts/variants.py BASE NEW OP... [--largest] [--forward]
 
 prints a Markdown table (base / new > 1: the new build is faster)."""
 
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("new", type=Path)
     parser.add_argument("ops", nargs="+")
     parser.add_argument("--largest", action="store_true", help="only each op's largest suite shape")
+    parser.add_argument("--forward", action="store_true", help="the forward only, not the derived backward")
     args = parser.parse_args()
 
     import torch
@@ -63,7 +64,7 @@ def main() -> None:
         }
         cases = suite(op)
         for case in [max(cases, key=lambda c: math.prod(c.shape))] if args.largest else cases:
-            for spec in (load_spec(op), backward_spec(op)):
+            for spec in (load_spec(op), None if args.forward else backward_spec(op)):
                 if spec is None:
                     continue
                 gen = torch.Generator(device="cuda").manual_seed(0)
