@@ -108,6 +108,19 @@ def causal_masks(model) -> dict[str, str]:
     return {n: causal_mask.SERVED for n, m in model.named_modules() if type(m).__name__ in models}
 
 
+def grouped_attentions(model) -> dict[str, str]:
+    """What kernelize reports for the decode steps it attends on the grouped k/v heads: every Qwen3 and Llama
+    attention with fewer k/v heads than query heads."""
+    from kgen.integrations import grouped_decode
+
+    names = ("Qwen3Attention", "LlamaAttention")
+    return {
+        n: grouped_decode.SERVED
+        for n, m in model.named_modules()
+        if type(m).__name__ in names and m.num_key_value_groups > 1
+    }
+
+
 def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
     """kgen's bf16 logits are as close to the fp32 model's as transformers' own bf16 logits are."""
     arch, calls = served_ops
@@ -132,6 +145,7 @@ def check_logits_match(kind, config, served_ops, root, tokens=32, rope=False):
         **fused,
         **qk,
         **causal_masks(model),
+        **grouped_attentions(model),
     }
     assert len(qk) == (2 * len(mlps) if kind == "qwen3" else 0)
     before = calls.copy()
@@ -284,20 +298,26 @@ def test_qwen3_q_k_norms_and_rotation_in_one_pass(served_ops, build_root):
     assert kernelize(fused, arch=arch, root=build_root) == served
 
 
-def test_a_decode_step_attends_on_the_grouped_heads(served_ops, build_root, monkeypatch):
-    """With a static cache each decode step (one query token, a mask) of a fused Qwen3 attention runs SDPA on
-    the grouped k/v heads, not the model's attention function (which copies k and v out to every query head
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_a_decode_step_attends_on_the_grouped_heads(kind, served_ops, build_root, monkeypatch):
+    """With a static cache each decode step (one query token, a mask) of a served attention runs SDPA on the
+    grouped k/v heads, not the model's attention function (which copies k and v out to every query head
     there on transformers < 5.24, and under torch.compile on any); the prefill (many tokens) is the model's
-    function; the greedy tokens are the unfused model's."""
+    function, and so is every step with grouped_decode=False; the greedy tokens are the same."""
     import copy
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from kgen.integrations import grouped_decode
+
     arch, _ = served_ops
-    unfused = model_of("qwen3", SMALL, layers=2).to(torch.bfloat16)
-    fused = copy.deepcopy(unfused)
-    kernelize(unfused, ("rmsnorm", "fused_add_rmsnorm", "silu_mul"), arch=arch, root=build_root)
-    kernelize(fused, arch=arch, root=build_root)
+    plain = model_of(kind, SMALL, layers=2).to(torch.bfloat16)
+    grouped = copy.deepcopy(plain)
+    assert not set(kernelize(plain, arch=arch, root=build_root, grouped_decode=False).values()) & {
+        grouped_decode.SERVED
+    }
+    assert kernelize(grouped, arch=arch, root=build_root).items() >= grouped_attentions(grouped).items()
+    assert len(grouped_attentions(grouped)) == 2
     sdpa, queries = ALL_ATTENTION_FUNCTIONS["sdpa"], Counter()
 
     def counted(module, q, *args, **kwargs):
@@ -307,7 +327,7 @@ def test_a_decode_step_attends_on_the_grouped_heads(served_ops, build_root, monk
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", counted)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 24), device=DEVICE)
     tokens = []
-    for model in (fused, unfused):
+    for model in (grouped, plain):
         queries.clear()
         tokens.append(
             model.generate(
@@ -315,8 +335,40 @@ def test_a_decode_step_attends_on_the_grouped_heads(served_ops, build_root, monk
             )
         )
         assert queries[24] == 2, model  # the prefill: the model's function in both layers
-        assert queries[1] == (0 if model is fused else 6), model  # 3 decode steps × 2 layers
+        assert queries[1] == (0 if model is grouped else 6), model  # 3 decode steps × 2 layers
     assert tokens[0].shape == (2, 28) and (GPU or torch.equal(*tokens))
+
+
+def test_the_registry_view_groups_only_sdpa_for_served_modules():
+    """The modeling file's registry view: another implementation is the registry's own; "sdpa" one wrapper
+    that attends on the grouped heads only for a served module's masked decode step."""
+    from types import SimpleNamespace
+
+    from kgen.integrations.grouped_decode import _Registry
+
+    calls = []
+
+    def sdpa(module, q, k, v, mask, **kwargs):
+        calls.append(q.shape)
+        return "the model's", None
+
+    class Registry(dict):
+        def get_interface(self, name, default):
+            return self.get(name, default)
+
+    other = object()
+    view = _Registry(Registry(sdpa=sdpa, flash=other))
+    assert view.get_interface("flash", None) is other and view["flash"] is other
+    attend = view.get_interface("sdpa", None)
+    assert attend is view["sdpa"] and attend is not sdpa
+    q, k = torch.randn(2, 8, 1, 4), torch.randn(2, 2, 9, 4)
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    served = SimpleNamespace(kgen_grouped_decode=True)
+    out, weights = attend(served, q, k, k, mask, scaling=0.5)
+    assert out.shape == (2, 1, 8, 4) and weights is None and not calls
+    assert attend(SimpleNamespace(), q, k, k, mask)[0] == "the model's"  # not served
+    assert attend(served, q, k, k, None)[0] == "the model's"  # no mask: SDPA's enable_gqa serves it
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -326,7 +378,7 @@ def test_the_grouped_decode_attention_is_as_exact_as_the_models(dtype):
     outputs' size; the same scores, softmax and sums, in another kernel launch shape)."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
-    from kgen.integrations.attention import _attend_grouped
+    from kgen.integrations.grouped_decode import _attend_grouped
 
     batch, heads, kv_heads, keys, dim = 3, 8, 2, 77, 128
     torch.manual_seed(0)
@@ -334,13 +386,13 @@ def test_the_grouped_decode_attention_is_as_exact_as_the_models(dtype):
     k, v = (torch.randn(batch, kv_heads, keys, dim, device=DEVICE).to(dtype) for _ in range(2))
     mask = torch.rand(batch, 1, 1, keys, device=DEVICE) < 0.6
     mask[..., 0] = True
-    attention = type("Attention", (), {"scaling": dim**-0.5})
-    got = _attend_grouped(attention, q, k, v, mask)
+    scaling = dim**-0.5
+    got = _attend_grouped(q, k, v, mask, scaling)
 
     def sdpa(q, k, v):
         groups = heads // kv_heads
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, scale=attention.scaling
+            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, scale=scaling
         )
         return out.transpose(1, 2)
 
@@ -353,27 +405,20 @@ def test_the_grouped_decode_attention_is_as_exact_as_the_models(dtype):
 
 def test_only_a_masked_grouped_decode_step_is_attended_on_the_grouped_heads():
     """The grouped call is for SDPA's copy only: not without a mask (SDPA's enable_gqa serves it), at many
-    query tokens, without grouped heads, under another implementation, with dropout or scores asked for."""
-    from types import SimpleNamespace
-
-    from kgen.integrations.attention import _grouped_decode
-
-    def attention(implementation="sdpa", training=False):
-        config = SimpleNamespace(_attn_implementation=implementation)
-        return SimpleNamespace(config=config, training=training, attention_dropout=0.1)
+    query tokens, without grouped heads, with a mask per head, with dropout or scores asked for."""
+    from kgen.integrations.grouped_decode import _grouped_decode
 
     q, k, mask = torch.zeros(2, 8, 1, 4), torch.zeros(2, 2, 9, 4), torch.ones(2, 1, 1, 9, dtype=torch.bool)
-    assert _grouped_decode(attention(), q, k, mask, {})
-    assert _grouped_decode(attention(), q, k, mask[:1], {})  # one mask for the batch
+    assert _grouped_decode(q, k, mask, {"dropout": 0.0, "scaling": 0.5})
+    assert _grouped_decode(q, k, mask[:1], {})  # one mask for the batch
     refused = [
-        (attention(), q, k, None, {}),
-        (attention(), torch.zeros(2, 8, 3, 4), k, torch.ones(2, 1, 3, 9, dtype=torch.bool), {}),
-        (attention(), q, torch.zeros(2, 8, 9, 4), mask, {}),
-        (attention(), q, torch.zeros(2, 3, 9, 4), mask, {}),
-        (attention(), q, k, torch.ones(2, 8, 1, 9, dtype=torch.bool), {}),  # a mask per head
-        (attention("eager"), q, k, mask, {}),
-        (attention(training=True), q, k, mask, {}),
-        (attention(), q, k, mask, {"output_attentions": True}),
+        (q, k, None, {}),
+        (torch.zeros(2, 8, 3, 4), k, torch.ones(2, 1, 3, 9, dtype=torch.bool), {}),
+        (q, torch.zeros(2, 8, 9, 4), mask, {}),
+        (q, torch.zeros(2, 3, 9, 4), mask, {}),
+        (q, k, torch.ones(2, 8, 1, 9, dtype=torch.bool), {}),  # a mask per head
+        (q, k, mask, {"dropout": 0.1}),
+        (q, k, mask, {"output_attentions": True}),
     ]
     for case in refused:
         assert not _grouped_decode(*case), case
@@ -572,7 +617,7 @@ def test_training_mode_gradients_of_every_parameter_flow(kind, rope, served_ops,
     eager = grads(copy.deepcopy(model).to(torch.bfloat16), ids, labels)
     kgen = copy.deepcopy(model).to(torch.bfloat16)
     served = kernelize(kgen, OPS + ("rope",) * rope, arch=arch, root=build_root, mode=Mode.TRAINING)
-    fused, qk, masks = fused_norms(kgen), qk_norms(kgen), causal_masks(kgen)
+    fused, qk, masks = fused_norms(kgen), qk_norms(kgen), causal_masks(kgen) | grouped_attentions(kgen)
     assert served.items() >= (fused | qk | masks).items()
     assert set(served.values()) - set((fused | qk | masks).values()) == {
         "rmsnorm.RMSNorm",

@@ -9,21 +9,12 @@ qk_norm_rope launch on q and k ([B, H, T, D] views of the projections, as the mo
 projections, the cache update and the attention function stay the model's. Numerics: the model's roundings
 (fp32 statistics, the normed value rounded to the dtype, then the weight; each rotation product in the dtype,
 then the sum). Where a call does not fit the kernel (weights or tables in another dtype than q, the norms'
-eps unequal, a head size the kernel does not serve), the norms and the rotation run as the model's.
-
-At one query token (a decode step) with a mask and grouped k/v heads, transformers' SDPA path copies the
-cache's keys and values out to every query head (`repeat_kv`: at Qwen3-8B's decode, batch 64, 512 of context,
-9.3 of a compiled step's 25.3 ms on the H100). There the subclass attends on the grouped heads instead: a
-group's query heads are the rows of one SDPA call on its k/v head (the mask, one per batch entry, is every
-row's), the same scores and softmax without the copy; the attention function stays the model's everywhere
-else (prefill, training, no mask, other implementations)."""
+eps unequal, a head size the kernel does not serve), the norms and the rotation run as the model's."""
 
 from __future__ import annotations
 
 import sys
 from typing import Callable
-
-import torch.nn.functional as F
 
 from ._rotary_fit import lanes_fit
 from .decoder import class_path, model_class
@@ -107,8 +98,6 @@ def _forward(qk_norm_rope):
         cache = args[0] if args else next((c for c in named if c is not None), None)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
-        if _grouped_decode(self, q, k, attention_mask, kwargs):
-            return self.o_proj(_attend_grouped(self, q, k, v, attention_mask).reshape(*tokens, -1)), None
         attend = model_file.ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, model_file.eager_attention_forward
         )
@@ -126,31 +115,3 @@ def _forward(qk_norm_rope):
         return self.o_proj(out.reshape(*tokens, -1).contiguous()), weights
 
     return forward
-
-
-def _grouped_decode(attention, q, k, mask, kwargs) -> bool:
-    """Whether this call is a decode step SDPA would run on k/v copied out to every query head: the "sdpa"
-    implementation, one query token, grouped k/v heads, a mask shared by the heads, no dropout, nothing else
-    that changes SDPA's call (scores asked for, a soft cap, a position bias)."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    return (
-        attention.config._attn_implementation == "sdpa"
-        and q.shape[2] == 1
-        and kv_heads < heads
-        and heads % kv_heads == 0
-        and mask is not None
-        and mask.dim() == 4
-        and mask.shape[1] == mask.shape[2] == 1
-        and not (attention.training and attention.attention_dropout > 0)
-        and not any(kwargs.get(n) for n in ("output_attentions", "softcap", "position_bias"))
-    )
-
-
-def _attend_grouped(attention, q, k, v, mask):
-    """SDPA with each k/v head's group of query heads as its rows: [B, H, 1, D] queries as [B, H_kv, H / H_kv,
-    D] (the heads of a group are consecutive, as repeat_kv repeats them), the [B, 1, 1, S] mask broadcast over
-    them; returns [B, 1, H, D] as the model's attention function does."""
-    batch, heads, _, dim = q.shape
-    rows = q.reshape(batch, k.shape[1], heads // k.shape[1], dim)
-    out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=attention.scaling)
-    return out.reshape(batch, heads, 1, v.shape[-1]).transpose(1, 2)

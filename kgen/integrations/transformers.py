@@ -18,6 +18,7 @@ from ..catalog import load_spec
 from ..errors import KgenError
 from . import attention, decoder
 from .causal_mask import serve as serve_causal_mask
+from .grouped_decode import serve as serve_grouped_decode
 
 # RMSNorm everywhere, each decoder layer's residual adds fused with the norms after them
 # (kgen.integrations.decoder), Qwen3's q/k norms fused with the rotary embedding (kgen.integrations.attention)
@@ -34,6 +35,7 @@ def kernelize(
     root: Path = Path("generated"),
     mode=None,
     causal_mask: bool = True,
+    grouped_decode: bool = True,
     step: Callable[[str], None] = PROGRESS.info,
 ) -> dict[str, str]:
     """Replaces the forward of every module of ``model`` that a layer of ``ops`` replaces (and whose condition
@@ -51,6 +53,8 @@ def kernelize(
 
     ``causal_mask``: a Qwen3 or Llama model's causal mask left to SDPA's is_causal under torch.compile as in
     eager where the call makes that known (kgen.integrations.causal_mask), reported per decoder model.
+    ``grouped_decode``: a Qwen3 or Llama attention's decode step attends on the grouped k/v heads, without
+    transformers' copy of them to every head (kgen.integrations.grouped_decode), reported per attention.
 
     A layer that replaces a module-level function (rope's, for transformers' apply_rotary_pos_emb) puts
     kernels' module for it in the function's place, as transformers does with the kernels versions it
@@ -120,6 +124,7 @@ def kernelize(
         | fused
         | losses
         | (serve_causal_mask(model) if causal_mask else {})
+        | serve_grouped_decode(model, grouped_decode)
     )
 
 
