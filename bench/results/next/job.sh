@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), steps in order of
-# need: 1 the widened row kernels against main's (variants), 2 Llama-3-8B / Qwen3-8B decode checks, 3 on an H200
-# the whole suite and the end-to-end tables (issue 14's one H200 run). About 12 minutes after start-up on an
-# H100, 30 on an H200. Run from a tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit,
-# liger-kernel, diffusers) in $WHEELS (default .whl/ of the tree). Writes to $R (default /tmp/res), touches
-# $R/JOB_DONE.
+# need: 1 the widened row kernels against main's (variants), 2 on an H200 the whole suite and the end-to-end
+# tables (issue 14's one H200 run). About 10 minutes after start-up on an H100, 30 on an H200. Run from a
+# tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in $WHEELS
+# (default .whl/ of the tree). Writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
 R=${R:-/tmp/res}
 mkdir -p "$R"
@@ -22,12 +21,7 @@ rm -rf /tmp/widen && cp -r . /tmp/widen  # its kgen first on sys.path there (pyt
 done_ "widened build" $?
 timeout 540 python3 scripts/variants.py /tmp/kb /tmp/kbw $ROWS --forward > "$R/variants-widen.md" 2>&1
 done_ "variants widened" $?
-# 2. the grouped decode attention on the GPU again (its tests)
-export KGEN_TEST_BUILD_ROOT=/tmp/kb
-timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_transformers_integration.py \
-  > "$R/t-transformers.log" 2>&1
-done_ "transformers tests" $?
-# 3. on an H200 only: the whole suite and the end-to-end tables (issue 14's one H200 run)
+# 2. on an H200 only: the whole suite and the end-to-end tables (issue 14's one H200 run)
 if grep -q H200 "$R/gpu.txt"; then
   timeout 420 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
   done_ suite $?
