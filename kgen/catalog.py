@@ -381,5 +381,7 @@ def suite_table(op: str) -> ShapeTable:
                         raise SpecError(f"{where} {op} has no param {name!r}{hint}; its params: {known}")
                     if params[name].integer and value != int(value):
                         raise SpecError(f"{where} {name} is an integer param (got {value!r})")
+                    if params[name].positive and not value > 0:
+                        raise SpecError(f"{where} {name} must be > 0 (got {value!r})")
             return tables[op]
     return ShapeTable()

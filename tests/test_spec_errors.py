@@ -584,6 +584,20 @@ def test_shapes_file_integer_params(ops_dir):
     assert suite("bad") == [Case((8, 16), params=(("ignore_index", 2),))]
 
 
+def test_shapes_file_positive_params(ops_dir):
+    """A positive param's value <= 0 was left for the binding to refuse at run time."""
+    write_spec(ops_dir)
+    shapes = ops_dir / "shapes.toml"
+    shapes.write_text("[bad]\nshapes = [{shape = [8, 16], params = {eps = 0.0}}]\n")
+    with pytest.raises(KgenError) as info:
+        suite("bad")
+    assert str(info.value) == (
+        f"shapes file {shapes} is invalid:\n  [bad].shapes.0.params.eps: eps must be > 0 (got 0.0)"
+    )
+    shapes.write_text("[bad]\nshapes = [{shape = [8, 16], params = {eps = 1e-5}}]\n")
+    assert suite("bad") == [Case((8, 16), params=(("eps", 1e-5),))]
+
+
 def test_name_must_match_file(ops_dir):
     write_spec(ops_dir, file="other")
     with pytest.raises(KgenError, match="name 'bad' must equal the file name 'other'"):

@@ -65,7 +65,7 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
             Tensor(name=g, dims="*rows hidden", doc=f"the gradient of {t.name}")
             for g, t in zip(grads, spec.outputs)
         ),
-        *(t.model_copy(update={"doc": f"{t.doc} (the forward's, read again)"}) for t in normed),
+        *(t.model_copy(update={"doc": f"{t.doc or t.name} (the forward's, read again)"}) for t in normed),
         *rest,
         *(
             Tensor(name=gradient_name(n), dims="*rows hidden", role="output", doc=f"the gradient of {n}")
