@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), steps in order of
-# need: 1 the widened row kernels against main's (variants), 2 Llama-3-8B end to end, 3 on an H200 the whole
-# suite and the end-to-end tables (issue 14's one H200 run). About 15 minutes after start-up on an H100, 30 on
-# an H200. Run from a
+# need: 1 the widened row kernels against main's (variants), 2 on an H200 the whole suite and the end-to-end
+# tables (issue 14's one H200 run). About 10 minutes after start-up on an H100, 30 on an H200. Run from a
 # tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in $WHEELS
 # (default .whl/ of the tree). Writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
@@ -22,10 +21,7 @@ rm -rf /tmp/widen && cp -r . /tmp/widen  # its kgen first on sys.path there (pyt
 done_ "widened build" $?
 timeout 540 python3 scripts/variants.py /tmp/kb /tmp/kbw $ROWS --forward > "$R/variants-widen.md" 2>&1
 done_ "variants widened" $?
-# 2. Llama-3-8B end to end as decode is served (its decode steps on the grouped k/v heads, never timed yet)
-timeout 480 python3 -m kgen bench --e2e llama --graphs --out "$R/e2e" --build-dir /tmp/kb > "$R/llama.log" 2>&1
-done_ "e2e llama --graphs" $?
-# 3. on an H200 only: the whole suite and the end-to-end tables (issue 14's one H200 run)
+# 2. on an H200 only: the whole suite and the end-to-end tables (issue 14's one H200 run)
 if grep -q H200 "$R/gpu.txt"; then
   timeout 420 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
   done_ suite $?
