@@ -104,11 +104,13 @@ class TuningTable(BaseModel):
     choices: list[TunedChoice] = []
     file: str = Field(default="", exclude=True)  # how messages name the file it was read from (not written)
 
-    def threads(self, op: str, dtype: str, max_row_bytes: int | None) -> tuple[int, str] | None:
+    def threads(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> tuple[int, str] | None:
+        """The measured choice for this configuration, if one was measured against today's ``rule`` (an
+        entry tuned against another rule, from before a profile change, is stale: the rule stands)."""
         c = next(
             (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
         )
-        return (c.threads, self.why(c)) if c else None
+        return (c.threads, self.why(c)) if c and c.rule_threads == rule else None
 
     def why(self, c: TunedChoice) -> str:
         others = "".join(f", {t}: {us:.1f} µs" for t, us in c.others.items())

@@ -36,14 +36,14 @@ def test_explain_prints_every_choice_and_the_roofline():
     for word in (
         "16 B (8 elements)",
         "threads per row",
-        "128",
+        "256",
         "rows per block",
         "warp shuffle + one shared-memory exchange",
         "registers",
-        "4096 blocks",
+        "8192 blocks",
         "134.23 MB",
         "roofline on H200 SXM (4800 GB/s): 28.0 µs",
-        "planner.row_reduce.threads_per_row",
+        "planner.row_reduce.one_reduction_threads_per_row",
         "every choice from rules",
     ):
         assert word in " ".join(result.output.replace("│", " ").split()), word
@@ -60,13 +60,13 @@ def test_explain_three_dim_shape_and_odd_hidden():
 
 def test_explain_says_what_a_widened_row_holds():
     """A row the launcher spreads over more threads than its configuration's holds fewer accesses a thread
-    than the configuration was sized for: explain says both (here 1 of 4), and only then."""
+    than the configuration was sized for: explain says both (here 1 of 2), and only then."""
     widened = run("explain", "rmsnorm", "--arch", "sm_90", "--shape", "64x4096")
     text = " ".join(widened.output.replace("│", " ").split())
     assert "spreads each row over 512 threads" in text
-    assert "1 × 16 B per thread at this row, of the configuration's 4 × 16 B per thread" in text
+    assert "1 × 16 B per thread at this row, of the configuration's 2 × 16 B per thread" in text
     plain = run("explain", "rmsnorm", "--arch", "sm_90", "--shape", "8192x4096")
-    assert "at this row" not in plain.output and "4 × 16 B per thread" in plain.output
+    assert "at this row" not in plain.output and "2 × 16 B per thread" in plain.output
 
 
 def test_explain_the_derived_backward():

@@ -148,7 +148,7 @@ ALLOWED = {
 
 # Lines per module, with room to grow: a module that outgrows its size should be split, not packed denser.
 SIZES = {
-    "families/row_reduce.py": 700,
+    "families/row_reduce.py": 725,  # the one-reduction steps of the ladder (a profile fact, validated)
     # example_input(s): the inputs a family draws (labels, a saved loss, probes); refuses: a binding's shapes
     "families/base.py": 433,
     "families/rotary.py": 557,  # refuses: the binding's shape checks

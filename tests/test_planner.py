@@ -17,14 +17,14 @@ SPEC = load_spec("rmsnorm")
 TABLE = [
     ("sm_90", "bfloat16", 128, 16, 16, 16, "registers", "warp shuffle"),
     ("sm_90", "bfloat16", 64, 16, 8, 32, "registers", "warp shuffle"),
-    ("sm_90", "bfloat16", 2048, 16, 64, 4, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "bfloat16", 2048, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "float16", 1024, 16, 32, 8, "registers", "warp shuffle"),
-    ("sm_90", "bfloat16", 4096, 16, 128, 2, "registers", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "bfloat16", 4096, 16, 256, 1, "registers", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "float32", 4096, 16, 256, 1, "registers", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "bfloat16", 32768, 16, 512, 1, "registers", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "bfloat16", 65536, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "float32", 65536, 16, 512, 1, "global", "warp shuffle + one shared-memory exchange"),
-    ("sm_90", "bfloat16", 4095, 2, 128, 2, "global", "warp shuffle + one shared-memory exchange"),
+    ("sm_90", "bfloat16", 4095, 2, 256, 1, "global", "warp shuffle + one shared-memory exchange"),
     ("sm_90", "float16", 1, 2, 8, 32, "global", "warp shuffle"),
     ("sm_80", "float32", 32768, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
     ("sm_80", "float16", 65536, 16, 512, 1, "shared", "warp shuffle + one shared-memory exchange"),
@@ -60,9 +60,28 @@ def test_decisions(arch, dtype, hidden, access, threads, rows, storage, reductio
     ],
 )
 def test_grid_fill_widens_rows(rows, hidden, threads, grid):
-    plan = plan_launch(SPEC, load_profile("sm_90"), "bfloat16", (rows, hidden))
+    plan = plan_launch(load_spec("layernorm"), load_profile("sm_90"), "bfloat16", (rows, hidden))
     assert (plan.bucket.threads_per_row, plan.grid) == (threads, grid)
     assert (plan.widened is None) == (rows in (8192, 3))
+
+
+@pytest.mark.parametrize(
+    "op,dtype,threads",
+    [
+        ("rmsnorm", "bfloat16", (128, 256, 512)),  # one reduction: the one-reduction steps
+        ("fused_add_rmsnorm", "float16", (128, 256, 512)),
+        ("rmsnorm", "float32", (64, 128, 256)),  # 32-bit rows: the ladder (not measured wider)
+        ("layernorm", "bfloat16", (64, 128, 256)),  # mean, then variance: two barriers a row
+        ("adaln_layernorm_fp32", "bfloat16", (64, 128, 256)),  # float32 modulation
+    ],
+)
+def test_one_reduction_rows_take_the_wider_steps(op, dtype, threads):
+    plan = plan_kernel(load_spec(op), load_profile("sm_90"), dtype)
+    got = {b.max_row_bytes: b.threads_per_row for b in plan.buckets if b.vectorized}
+    assert (got[4096], got[8192], got[16384]) == threads
+    assert (got[2048], got[32768]) == (32, 512)  # the other steps are the ladder's
+    key = "one_reduction_threads_per_row" if threads[0] == 128 else "row_reduce.threads_per_row"
+    assert key in next(b for b in plan.buckets if b.max_row_bytes == 8192).reasons["threads_per_row"]
 
 
 def test_weight_is_loaded_with_the_row_while_it_fits():

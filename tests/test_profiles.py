@@ -61,6 +61,16 @@ def arch_dir(tmp_path, monkeypatch):
         ("threads = 16 }", "threads = 24 }", "threads must be a power of two, got 24"),
         ("max_row_bytes = 256,", "max_row_bytes = 64,", "max_row_bytes must increase step by step"),
         (
+            "{ max_row_bytes = 8192, threads = 256 }",
+            "{ max_row_bytes = 6144, threads = 256 }",
+            "one_reduction_threads_per_row: 6144 B is not a step of threads_per_row",
+        ),
+        (
+            "{ max_row_bytes = 16384, threads = 512 },\n]",
+            "{ max_row_bytes = 16384, threads = 2048 },\n]",
+            "one_reduction_threads_per_row asks for more threads than max_threads_per_block",
+        ),
+        (
             "min_blocks_per_sm = 2",
             "min_blocks_per_sm = 0",
             "ArchProfile.planner.row_reduce.min_blocks_per_sm: Input should be greater than or equal to 1",

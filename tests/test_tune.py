@@ -36,7 +36,7 @@ def table(*choices: TunedChoice) -> TuningTable:
     )
 
 
-def choice(op="rmsnorm", max_row_bytes=8192, threads=256, rule=128, dtype="bfloat16") -> TunedChoice:
+def choice(op="rmsnorm", max_row_bytes=8192, threads=512, rule=256, dtype="bfloat16") -> TunedChoice:
     return TunedChoice(
         op=op,
         dtype=dtype,
@@ -77,24 +77,30 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     spec, profile = load_spec("rmsnorm"), load_profile("sm_90")
     rule = plan_launch(spec, profile, "bfloat16", (8192, 4096))
     tuned = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice()))
-    assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (128, 256)
-    assert tuned.grid == 8192 and rule.grid == 4096  # 256 threads per block: one row each instead of two
+    assert (rule.bucket.threads_per_row, tuned.bucket.threads_per_row) == (256, 512)
+    assert tuned.grid == rule.grid == 8192  # one row a block either way
     why = dict((c, w) for c, _, w in tuned.choices)["threads per row"]
     assert (
-        "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 128" in why
+        "tuned on the NVIDIA H200 2026-11-30, instead of the rule's 256" in why
         and "36.5 µs, the rule 40.0 µs" in why
     )
-    kept = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice(threads=128)))
-    assert kept.bucket.threads_per_row == 128
+    kept = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice(threads=256)))
+    assert kept.bucket.threads_per_row == 256
     assert "the rule's, confirmed by kgen tune" in dict((c, w) for c, _, w in kept.choices)["threads per row"]
     assert (
-        "profile planner.row_reduce.threads_per_row"
+        "profile planner.row_reduce.one_reduction_threads_per_row"
         in dict((c, w) for c, _, w in rule.choices)["threads per row"]
     )
     other = plan_launch(
         spec, profile, "float16", (8192, 4096), table(choice())
     )  # another dtype keeps the rule
-    assert other.bucket.threads_per_row == 128
+    assert other.bucket.threads_per_row == 256
+    # measured against another rule (before a profile change): stale, the rule stands
+    stale = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice(threads=128, rule=128)))
+    assert (
+        stale.bucket.threads_per_row == 256
+        and "kgen tune" not in dict((c, w) for c, _, w in stale.choices)["threads per row"]
+    )
 
     target = resolve_target("rmsnorm", "sm_90", ("bfloat16",))
     plain = render_target(dataclasses.replace(target, tuning=None))
@@ -146,7 +152,7 @@ def test_merge_and_write_round_trips_and_keeps_other_ops(tmp_path, monkeypatch):
         merge_and_write(table(choice(threads=64)), "rmsnorm", "bfloat16")  # replaces rmsnorm's entries
         read = load_tuning("sm_90", "rmsnorm")
         assert [(c.op, c.max_row_bytes, c.threads) for c in read.choices] == [
-            ("layernorm", 8192, 256),
+            ("layernorm", 8192, 512),
             ("rmsnorm", 8192, 64),
         ]
         assert read.choices[1].shapes == ["1×8192×4096"] and read.device == "NVIDIA H200"
@@ -174,7 +180,7 @@ def test_a_users_op_is_tuned_beside_its_spec(tmp_path, monkeypatch):
         target = resolve_target("my_norm", "sm_90", ("bfloat16",))
         assert [c.op for c in target.tuning.choices] == ["my_norm"]
         source = render_target(target)["my_norm_cuda/my_norm.cu"]
-        assert "instead of the rule's 128 ($KGEN_OPS_PATH/tuning/sm_90.toml)" in source
+        assert "instead of the rule's 256 ($KGEN_OPS_PATH/tuning/sm_90.toml)" in source
         out = CliRunner().invoke(app, ["explain", "my_norm", "--shape", "8192x4096"])
         text = " ".join(out.output.replace("│", " ").split())
         assert out.exit_code == 0 and "1 choice(s) here from $KGEN_OPS_PATH/tuning/sm_90.toml" in text

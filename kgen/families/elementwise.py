@@ -115,7 +115,7 @@ class ElementwiseFamily(RowsFamily):
         access width and the block size."""
         elem = DTYPE_BYTES[dtype]
         vector = profile.max_access_bytes // elem
-        tuned = tuning.threads(spec.name, dtype, None) if tuning else None
+        tuned = tuning.threads(spec.name, dtype, None, profile.planner.block_threads) if tuning else None
         threads = tuned[0] if tuned else profile.planner.block_threads
         reasons = {
             "threads_per_row": (tuned[1] + " (threads per block)")

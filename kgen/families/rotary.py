@@ -220,7 +220,7 @@ class RotaryFamily(Family):
         """A thread rotates its channels of one token across the heads, fetching cos and sin once."""
         elem, pairing = DTYPE_BYTES[dtype], spec.structure.pairing
         vector = profile.max_access_bytes // elem
-        tuned = tuning.threads(spec.name, dtype, None) if tuning else None
+        tuned = tuning.threads(spec.name, dtype, None, profile.planner.block_threads) if tuning else None
         threads = tuned[0] if tuned else profile.planner.block_threads
         per_head_norm = spec.structure.norm is not None and spec.structure.norm.over == "head"
         facts = self.check_facts(profile)

@@ -159,16 +159,31 @@ class RowReduceFacts(BaseModel):
     threads_per_row: list[LadderStep] = Field(min_length=1)
     min_blocks_per_sm: int = Field(ge=1)
     resident_blocks: int = Field(ge=1)
+    # steps of the ladder taken wider by 16-bit rows of ops with one reduction and no float32 tensor
+    one_reduction_threads_per_row: list[LadderStep] = []
 
     @model_validator(mode="after")
     def _ladder(self) -> RowReduceFacts:
-        steps = self.threads_per_row
+        steps, wider = self.threads_per_row, self.one_reduction_threads_per_row
         if any(b.max_row_bytes <= a.max_row_bytes for a, b in zip(steps, steps[1:])):
             raise ValueError("threads_per_row: max_row_bytes must increase step by step")
-        for step in steps:
+        for step in steps + wider:
             if step.threads & (step.threads - 1):
                 raise ValueError(f"threads_per_row: threads must be a power of two, got {step.threads}")
+        if extra := {s.max_row_bytes for s in wider} - {s.max_row_bytes for s in steps}:
+            raise ValueError(
+                f"one_reduction_threads_per_row: {min(extra)} B is not a step of threads_per_row"
+            )
         return self
+
+    def ladder(self, one_reduction: bool) -> list[tuple[LadderStep, str]]:
+        """(step, its profile key): the ladder, with the one-reduction steps where they apply."""
+        wider = {s.max_row_bytes: s for s in self.one_reduction_threads_per_row if one_reduction}
+        key = "one_reduction_threads_per_row"
+        return [
+            (wider[s.max_row_bytes], key) if s.max_row_bytes in wider else (s, "threads_per_row")
+            for s in self.threads_per_row
+        ]
 
 
 @dataclass(frozen=True)
@@ -239,10 +254,9 @@ class RowReduceFamily(RowsFamily):
     def check_facts(self, profile: ArchProfile) -> RowReduceFacts:
         facts = super().check_facts(profile)
         widest = max(facts.threads_per_row[-1].threads, profile.planner.block_threads)
-        if facts.threads_per_row[-1].threads > profile.max_threads_per_block:
-            raise ValueError(
-                "planner.row_reduce.threads_per_row asks for more threads than max_threads_per_block"
-            )
+        for key in ("threads_per_row", "one_reduction_threads_per_row"):
+            if any(s.threads > profile.max_threads_per_block for s in getattr(facts, key)):
+                raise ValueError(f"planner.row_reduce.{key} asks for more threads than max_threads_per_block")
         if facts.row_register_bytes_per_thread // 4 > profile.register_cap(widest) // 2:
             raise ValueError(
                 f"planner.row_reduce.row_register_bytes_per_thread: {facts.row_register_bytes_per_thread}"
@@ -265,17 +279,20 @@ class RowReduceFamily(RowsFamily):
             sum(access_bytes_of(t, elem, 1) / elem for t in spec.column_inputs),
         )
 
-        def tuned(max_row_bytes):
-            return tuning.threads(spec.name, dtype, max_row_bytes) if tuning else None
+        def tuned(max_row_bytes, rule):
+            return tuning.threads(spec.name, dtype, max_row_bytes, rule) if tuning else None
 
-        buckets = self._buckets(profile, facts, elem, vector, values, columns, tuned) + self._buckets(
-            profile, facts, elem, 1, values, columns, lambda _: None
+        wide = [t.name for t in spec.tensors if t.dtype == "float32"]
+        # one block-wide reduction a row affords more threads than two (a barrier each); measured on 16-bit
+        # rows; float32 inputs took more registers a thread and lost (bench/results/ladder-h100-2026-12-06)
+        ladder = facts.ladder(len(spec.structure.reductions) == 1 and not wide and elem == 2)
+        buckets = self._buckets(profile, facts, ladder, elem, vector, values, columns, tuned) + self._buckets(
+            profile, facts, ladder, elem, 1, values, columns, lambda *_: None
         )
         largest = max(
             facts.threads_per_row[-1].threads * facts.row_register_bytes_per_thread,
             profile.max_shared_memory_per_block - _SCRATCH_BYTES,
         )
-        wide = [t.name for t in spec.tensors if t.dtype == "float32"]
         # a float32 tensor keeps 1: at 64 registers residual_layernorm_fp32's bf16 kernels spilled 12 B
         blocks = 1 if wide else facts.resident_blocks
         resident_threads = profile.registers_per_sm // (blocks * _RESIDENT_REGISTERS)
@@ -323,19 +340,19 @@ class RowReduceFamily(RowsFamily):
         )
 
     def _buckets(
-        self, profile, facts, elem, elems_per_access, row_values, column_inputs, tuned
+        self, profile, facts, ladder, elem, elems_per_access, row_values, column_inputs, tuned
     ) -> list[Bucket]:
         access_bytes = elem * elems_per_access
         out = []
-        for step in facts.threads_per_row:
-            choice = tuned(step.max_row_bytes) if elems_per_access > 1 else None
+        for step, key in ladder:
+            choice = tuned(step.max_row_bytes, step.threads) if elems_per_access > 1 else None
             threads = choice[0] if choice else step.threads
             rows_per_block = max(1, profile.planner.block_threads // threads)
             reasons = {
                 "threads_per_row": choice[1]
                 if choice
-                else f"{threads}: rows up to {step.max_row_bytes} B (profile "
-                f"planner.row_reduce.threads_per_row)",
+                else f"{threads}: rows up to {step.max_row_bytes} B (profile planner.row_reduce.{key}"
+                + ("; 16-bit rows, one reduction, no float32 tensor)" if key.startswith("one") else ")"),
                 "rows_per_block": (
                     f"{rows_per_block}: {profile.planner.block_threads} threads per block / {threads} per row"
                     if rows_per_block > 1

@@ -37,9 +37,9 @@
 //     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 4096 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 228352 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
@@ -47,9 +47,9 @@
 //     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, row in global, warp shuffle
 //     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, row in global, warp shuffle
 //     rows <= 2048 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
-//     rows <= 4096 B: 1 elem/access, 64 threads/row, 4 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 4096 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 32768 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -57,9 +57,9 @@
 //     rows <= 128 B: 8 elem/access, 8 threads/row, 32 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 256 B: 8 elem/access, 16 threads/row, 16 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
 //     rows <= 2048 B: 8 elem/access, 32 threads/row, 8 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle
-//     rows <= 4096 B: 8 elem/access, 64 threads/row, 4 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 4096 B: 8 elem/access, 128 threads/row, 2 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 8 elem/access, 256 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 32768 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, weight with the row in one-wave grids, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 8 elem/access, 512 threads/row, 1 rows/block, row in registers, warp shuffle + one shared-memory exchange
 //     rows <= 228352 B: 8 elem/access, 512 threads/row, 1 rows/block, row in shared, warp shuffle + one shared-memory exchange
@@ -67,9 +67,9 @@
 //     rows <= 128 B: 1 elem/access, 8 threads/row, 32 rows/block, row in global, warp shuffle
 //     rows <= 256 B: 1 elem/access, 16 threads/row, 16 rows/block, row in global, warp shuffle
 //     rows <= 2048 B: 1 elem/access, 32 threads/row, 8 rows/block, row in global, warp shuffle
-//     rows <= 4096 B: 1 elem/access, 64 threads/row, 4 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 8192 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
-//     rows <= 16384 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 4096 B: 1 elem/access, 128 threads/row, 2 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 8192 B: 1 elem/access, 256 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
+//     rows <= 16384 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 32768 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows <= 65536 B: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
 //     rows any size: 1 elem/access, 512 threads/row, 1 rows/block, row in global, warp shuffle + one shared-memory exchange
@@ -151,18 +151,18 @@
 //     rows_per_block (2048 B, 8/access): 8: 256 threads per block / 32 per row
 //     storage (2048 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 255 registers a thread of this block may hold): one read, one write
 //     columns (2048 B, 8/access): 128 B per thread with the row fits the 128 B budget
-//     threads_per_row (4096 B, 8/access): 64: rows up to 4096 B (profile planner.row_reduce.threads_per_row)
-//     rows_per_block (4096 B, 8/access): 4: 256 threads per block / 64 per row
-//     storage (4096 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 255 registers a thread of this block may hold): one read, one write
-//     columns (4096 B, 8/access): 128 B per thread with the row fits the 128 B budget
-//     threads_per_row (8192 B, 8/access): 128: rows up to 8192 B (profile planner.row_reduce.threads_per_row)
-//     rows_per_block (8192 B, 8/access): 2: 256 threads per block / 128 per row
-//     storage (8192 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 255 registers a thread of this block may hold): one read, one write
-//     columns (8192 B, 8/access): 128 B per thread with the row fits the 128 B budget
-//     threads_per_row (16384 B, 8/access): 256: rows up to 16384 B (profile planner.row_reduce.threads_per_row)
+//     threads_per_row (4096 B, 8/access): 128: rows up to 4096 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     rows_per_block (4096 B, 8/access): 2: 256 threads per block / 128 per row
+//     storage (4096 B, 8/access): registers: 2 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 255 registers a thread of this block may hold): one read, one write
+//     columns (4096 B, 8/access): 64 B per thread with the row fits the 128 B budget
+//     threads_per_row (8192 B, 8/access): 256: rows up to 8192 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     rows_per_block (8192 B, 8/access): 1: a row needs the whole block
+//     storage (8192 B, 8/access): registers: 2 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 255 registers a thread of this block may hold): one read, one write
+//     columns (8192 B, 8/access): 64 B per thread with the row fits the 128 B budget
+//     threads_per_row (16384 B, 8/access): 512: rows up to 16384 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
 //     rows_per_block (16384 B, 8/access): 1: a row needs the whole block
-//     storage (16384 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 255 registers a thread of this block may hold): one read, one write
-//     columns (16384 B, 8/access): 128 B per thread with the row fits the 128 B budget
+//     storage (16384 B, 8/access): registers: 2 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 128 registers a thread of this block may hold): one read, one write
+//     columns (16384 B, 8/access): 64 B per thread with the row fits the 128 B budget
 //     threads_per_row (32768 B, 8/access): 512: rows up to 32768 B (profile planner.row_reduce.threads_per_row)
 //     rows_per_block (32768 B, 8/access): 1: a row needs the whole block
 //     storage (32768 B, 8/access): registers: 4 × 16 B per thread, within the 128 B budget (profile planner.row_reduce.row_register_bytes_per_thread; 32 of the 128 registers a thread of this block may hold): one read, one write
@@ -177,6 +177,16 @@
 //     threads_per_row (any B, 8/access): 512: the longest ladder step
 //     rows_per_block (any B, 8/access): 1: a row needs the whole block
 //     storage (any B, 8/access): global: the row exceeds every on-chip budget; the second pass re-reads it (mostly from L2)
+//     threads_per_row (4096 B, 1/access) float16: 128: rows up to 4096 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     rows_per_block (4096 B, 1/access) float16: 2: 256 threads per block / 128 per row
+//     threads_per_row (8192 B, 1/access) float16: 256: rows up to 8192 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     rows_per_block (8192 B, 1/access) float16: 1: a row needs the whole block
+//     threads_per_row (16384 B, 1/access) float16: 512: rows up to 16384 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     threads_per_row (4096 B, 1/access) bfloat16: 128: rows up to 4096 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     rows_per_block (4096 B, 1/access) bfloat16: 2: 256 threads per block / 128 per row
+//     threads_per_row (8192 B, 1/access) bfloat16: 256: rows up to 8192 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
+//     rows_per_block (8192 B, 1/access) bfloat16: 1: a row needs the whole block
+//     threads_per_row (16384 B, 1/access) bfloat16: 512: rows up to 16384 B (profile planner.row_reduce.one_reduction_threads_per_row; 16-bit rows, one reduction, no float32 tensor)
 #include "fused_add_rmsnorm.h"
 
 #include <cuda_bf16.h>
@@ -605,8 +615,8 @@ cudaError_t launch_float16(const FusedAddRmsnormArgs& args, const Params& params
     const int sms = current_sm_count();  // 0 if unknown: the profile board's count
     const int64_t min_blocks = sms > 0 ? int64_t(kMinBlocksPerSm) * sms : kMinBlocks;
     constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
-    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
-    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
+    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 2, 1, 1, 1, 1};
+    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 128, 256, 512, 512, 512};
     constexpr int kConfigs = 8;
     int config = 0;
     while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
@@ -629,17 +639,17 @@ cudaError_t launch_float16(const FusedAddRmsnormArgs& args, const Params& params
           return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 3:
-        if (fits_in_one_wave<T, Epilogue, kVector, 64, 4, 4>(args.rows))
-          return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-        return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 128, 2, 2>(args.rows))
+          return launch_config<T, Epilogue, kVector, 128, 2, 2, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 128, 2, 2, RowStorage::kRegisters, false>(args, params, stream);
       case 4:
-        if (fits_in_one_wave<T, Epilogue, kVector, 128, 2, 4>(args.rows))
-          return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-        return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 256, 1, 2>(args.rows))
+          return launch_config<T, Epilogue, kVector, 256, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 256, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
       case 5:
-        if (fits_in_one_wave<T, Epilogue, kVector, 256, 1, 4>(args.rows))
-          return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-        return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 512, 1, 2>(args.rows))
+          return launch_config<T, Epilogue, kVector, 512, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 512, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
       case 6:
         if (fits_in_one_wave<T, Epilogue, kVector, 512, 1, 4>(args.rows))
           return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -653,9 +663,9 @@ cudaError_t launch_float16(const FusedAddRmsnormArgs& args, const Params& params
   if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal, false>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 64, 4, 1, RowStorage::kGlobal, false>(args, params, stream);
-  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
@@ -676,8 +686,8 @@ cudaError_t launch_bfloat16(const FusedAddRmsnormArgs& args, const Params& param
     const int sms = current_sm_count();  // 0 if unknown: the profile board's count
     const int64_t min_blocks = sms > 0 ? int64_t(kMinBlocksPerSm) * sms : kMinBlocks;
     constexpr int64_t kMaxRowBytes[] = {128, 256, 2048, 4096, 8192, 16384, 32768, 65536};
-    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 4, 2, 1, 1, 1};
-    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 64, 128, 256, 512, 512};
+    constexpr int64_t kRowsPerBlock[] = {32, 16, 8, 2, 1, 1, 1, 1};
+    constexpr int64_t kThreadsPerRow[] = {8, 16, 32, 128, 256, 512, 512, 512};
     constexpr int kConfigs = 8;
     int config = 0;
     while (config < kConfigs && row_bytes > kMaxRowBytes[config]) ++config;
@@ -700,17 +710,17 @@ cudaError_t launch_bfloat16(const FusedAddRmsnormArgs& args, const Params& param
           return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, true>(args, params, stream);
         return launch_config<T, Epilogue, kVector, 32, 8, 4, RowStorage::kRegisters, false>(args, params, stream);
       case 3:
-        if (fits_in_one_wave<T, Epilogue, kVector, 64, 4, 4>(args.rows))
-          return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, true>(args, params, stream);
-        return launch_config<T, Epilogue, kVector, 64, 4, 4, RowStorage::kRegisters, false>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 128, 2, 2>(args.rows))
+          return launch_config<T, Epilogue, kVector, 128, 2, 2, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 128, 2, 2, RowStorage::kRegisters, false>(args, params, stream);
       case 4:
-        if (fits_in_one_wave<T, Epilogue, kVector, 128, 2, 4>(args.rows))
-          return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, true>(args, params, stream);
-        return launch_config<T, Epilogue, kVector, 128, 2, 4, RowStorage::kRegisters, false>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 256, 1, 2>(args.rows))
+          return launch_config<T, Epilogue, kVector, 256, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 256, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
       case 5:
-        if (fits_in_one_wave<T, Epilogue, kVector, 256, 1, 4>(args.rows))
-          return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
-        return launch_config<T, Epilogue, kVector, 256, 1, 4, RowStorage::kRegisters, false>(args, params, stream);
+        if (fits_in_one_wave<T, Epilogue, kVector, 512, 1, 2>(args.rows))
+          return launch_config<T, Epilogue, kVector, 512, 1, 2, RowStorage::kRegisters, true>(args, params, stream);
+        return launch_config<T, Epilogue, kVector, 512, 1, 2, RowStorage::kRegisters, false>(args, params, stream);
       case 6:
         if (fits_in_one_wave<T, Epilogue, kVector, 512, 1, 4>(args.rows))
           return launch_config<T, Epilogue, kVector, 512, 1, 4, RowStorage::kRegisters, true>(args, params, stream);
@@ -724,9 +734,9 @@ cudaError_t launch_bfloat16(const FusedAddRmsnormArgs& args, const Params& param
   if (row_bytes <= 128) return launch_config<T, Epilogue, 1, 8, 32, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 256) return launch_config<T, Epilogue, 1, 16, 16, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 2048) return launch_config<T, Epilogue, 1, 32, 8, 1, RowStorage::kGlobal, false>(args, params, stream);
-  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 64, 4, 1, RowStorage::kGlobal, false>(args, params, stream);
-  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
-  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 4096) return launch_config<T, Epilogue, 1, 128, 2, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 8192) return launch_config<T, Epilogue, 1, 256, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
+  if (row_bytes <= 16384) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 32768) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   if (row_bytes <= 65536) return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
   return launch_config<T, Epilogue, 1, 512, 1, 1, RowStorage::kGlobal, false>(args, params, stream);
