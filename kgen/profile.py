@@ -112,6 +112,18 @@ class TuningTable(BaseModel):
         )
         return (c.threads, self.why(c)) if c and c.rule_threads == rule else None
 
+    def stale(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> str:
+        """What a plan's reason adds where this configuration's entry was measured against another rule."""
+        c = next(
+            (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
+        )
+        if c is None or c.rule_threads == rule:
+            return ""
+        return (
+            f"; {self.file or f'arch/tuning/{self.arch}.toml'} has a `kgen tune` entry here measured when "
+            f"the rule was {c.rule_threads} threads: stale, left out (re-run `kgen tune {op}`)"
+        )
+
     def why(self, c: TunedChoice) -> str:
         others = "".join(f", {t}: {us:.1f} µs" for t, us in c.others.items())
         faster = [t for t, us in c.others.items() if us < c.tuned_us]

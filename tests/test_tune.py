@@ -95,12 +95,12 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
         spec, profile, "float16", (8192, 4096), table(choice())
     )  # another dtype keeps the rule
     assert other.bucket.threads_per_row == 256
-    # measured against another rule (before a profile change): stale, the rule stands
+    # measured against another rule (before a profile change): stale, the rule stands, the reason says so
     stale = plan_launch(spec, profile, "bfloat16", (8192, 4096), table(choice(threads=128, rule=128)))
-    assert (
-        stale.bucket.threads_per_row == 256
-        and "kgen tune" not in dict((c, w) for c, _, w in stale.choices)["threads per row"]
-    )
+    why = dict((c, w) for c, _, w in stale.choices)["threads per row"]
+    assert stale.bucket.threads_per_row == 256 and why.startswith("256: rows up to 8192 B (profile")
+    assert "here measured when the rule was 128 threads: stale, left out (re-run `kgen tune rmsnorm`)" in why
+    assert "stale" not in dict((c, w) for c, _, w in rule.choices)["threads per row"]
 
     target = resolve_target("rmsnorm", "sm_90", ("bfloat16",))
     plain = render_target(dataclasses.replace(target, tuning=None))
@@ -113,6 +113,14 @@ def test_a_table_choice_changes_the_plan_the_code_and_explain(monkeypatch):
     text = " ".join(out.output.replace("│", " ").split())
     assert out.exit_code == 0 and "1 choice(s) here from arch/tuning/sm_90.toml (of its 1 entries" in text
     assert "tuned on the" in text
+
+
+def test_a_stale_block_entry_is_left_out_and_named():
+    for op in ("silu_and_mul", "rope"):
+        stale = table(choice(op=op, max_row_bytes=None, threads=512, rule=128))
+        plan = plan_kernel(load_spec(op), load_profile("sm_90"), "bfloat16", stale)
+        why = plan.buckets[0].reasons["threads_per_row"]
+        assert plan.block_threads == 256 and "when the rule was 128 threads: stale, left out" in why
 
 
 def test_elementwise_and_rotary_tune_their_block():

@@ -121,7 +121,8 @@ class ElementwiseFamily(RowsFamily):
             "threads_per_row": (tuned[1] + " (threads per block)")
             if tuned
             else f"{threads} threads per block, each one access of every tensor at one position "
-            "(profile planner.block_threads); rows are flattened",
+            "(profile planner.block_threads); rows are flattened"
+            + (tuning.stale(spec.name, dtype, None, threads) if tuning else ""),
             "rows_per_block": "rows are flattened: a block covers consecutive positions",
             "storage": "nothing kept: each element is read once and written once",
         }

@@ -232,7 +232,8 @@ class RotaryFamily(Family):
             if tuned
             else f"{threads} threads per block (profile planner.block_threads), each one access of a token's "
             "channels in every head (cos and sin fetched once per token), unless that leaves fewer threads "
-            "than one full wave: then heads are split in chunks",
+            "than one full wave: then heads are split in chunks"
+            + (tuning.stale(spec.name, dtype, None, threads) if tuning else ""),
             "rows_per_block": "tokens are flattened: a block covers consecutive channel groups",
             "storage": "nothing kept: each element is read once and written once",
         }
