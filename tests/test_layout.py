@@ -151,7 +151,7 @@ SIZES = {
     "families/row_reduce.py": 725,  # the one-reduction steps of the ladder (a profile fact, validated)
     # example_input(s): the inputs a family draws (labels, a saved loss, probes); refuses: a binding's shapes
     "families/base.py": 433,
-    "families/rotary.py": 557,  # refuses: the binding's shape checks
+    "families/rotary.py": 560,  # refuses: the binding's shape checks; a stale tuning entry named
     "families/rotary_backward.py": 140,
     "families/rotary_grid.py": 200,
     "families/rotary_norm.py": 211,  # refuses: the head sizes the binding serves
