@@ -104,19 +104,20 @@ class TuningTable(BaseModel):
     choices: list[TunedChoice] = []
     file: str = Field(default="", exclude=True)  # how messages name the file it was read from (not written)
 
+    def _entry(self, op: str, dtype: str, max_row_bytes: int | None) -> TunedChoice | None:
+        return next(
+            (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
+        )
+
     def threads(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> tuple[int, str] | None:
         """The measured choice for this configuration, if one was measured against today's ``rule`` (an
         entry tuned against another rule, from before a profile change, is stale: the rule stands)."""
-        c = next(
-            (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
-        )
+        c = self._entry(op, dtype, max_row_bytes)
         return (c.threads, self.why(c)) if c and c.rule_threads == rule else None
 
     def stale(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> str:
         """What a plan's reason adds where this configuration's entry was measured against another rule."""
-        c = next(
-            (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
-        )
+        c = self._entry(op, dtype, max_row_bytes)
         if c is None or c.rule_threads == rule:
             return ""
         return (
@@ -132,8 +133,7 @@ class TuningTable(BaseModel):
         elif faster:  # a candidate measured faster, within the noise margin: the rule stays
             verdict = (
                 f"the rule's, kept by kgen tune on the {self.device} {self.date}: {', '.join(faster)} "
-                f"measured "
-                f"faster but by less than its {self.margin:.0%} noise margin"
+                f"measured faster but by less than its {self.margin:.0%} noise margin"
             )
         else:
             verdict = f"the rule's, confirmed by kgen tune on the {self.device} {self.date}"
