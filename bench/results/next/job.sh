@@ -15,9 +15,14 @@ stamped() { while IFS= read -r line; do echo "$(date +%s.%N) $line"; done; }
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
 # 1. LTX-Video with the clock: nvidia-smi samples every 100 ms, the log's lines stamped with the same clock
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-  --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
+Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+nvidia-smi --query-gpu=$Q,clocks_event_reasons.active --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
 SMI=$!
+sleep 2
+if ! kill -0 $SMI 2>/dev/null; then  # a driver without the event reasons' field: the clock and power alone
+  nvidia-smi --query-gpu=$Q --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
+  SMI=$!
+fi
 timeout 480 python3 -m kgen bench --e2e ltx --profile --out "$R/e2e" --build-dir /tmp/kb 2>&1 | stamped > "$R/ltx.log"
 done_ "e2e ltx --profile" $?
 kill $SMI
