@@ -20,7 +20,7 @@ import tomllib
 from pydantic import BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from .dsl import OpSpec, _Model
-from .errors import ProfileError, SpecError
+from .errors import KgenError, ProfileError, SpecError
 from .families import families, family_of, register
 from .families.base import Case, Family
 from .profile import ArchProfile, TuningTable
@@ -371,17 +371,22 @@ def suite_table(op: str) -> ShapeTable:
     integer param's value an integer); an empty one where none does."""
     for path in shapes_files():
         if path.is_file() and op in (tables := shape_tables(path)):
-            params = {p.name: p for p in load_spec(op).params}
             for i, case in enumerate(tables[op].shapes):
-                for name, value in case.params.items():
-                    where = f"shapes file {path} is invalid:\n  [{op}].shapes.{i}.params.{name}:"
-                    if name not in params:
-                        hint = _did_you_mean(name, list(params))
-                        known = ", ".join(params) or "(none)"
-                        raise SpecError(f"{where} {op} has no param {name!r}{hint}; its params: {known}")
-                    if params[name].integer and value != int(value):
-                        raise SpecError(f"{where} {name} is an integer param (got {value!r})")
-                    if params[name].positive and not value > 0:
-                        raise SpecError(f"{where} {name} must be > 0 (got {value!r})")
+                where = f"shapes file {path} is invalid:\n  [{op}].shapes.{i}.params.{{}}:"
+                check_params(op, case.params, where, SpecError)
             return tables[op]
     return ShapeTable()
+
+
+def check_params(op: str, given: dict[str, float], where: str, error: type[KgenError]) -> None:
+    """``given`` names the op's params, an integer param's value is an integer, a positive one's > 0; else
+    ``error`` at ``where`` (formatted with the param's name)."""
+    params = {p.name: p for p in load_spec(op).params}
+    for name, value in given.items():
+        if name not in params:
+            hint, known = _did_you_mean(name, list(params)), ", ".join(params) or "(none)"
+            raise error(f"{where.format(name)} {op} has no param {name!r}{hint}; its params: {known}")
+        if params[name].integer and value != int(value):
+            raise error(f"{where.format(name)} {name} is an integer param (got {value!r})")
+        if params[name].positive and not value > 0:
+            raise error(f"{where.format(name)} {name} must be > 0 (got {value!r})")

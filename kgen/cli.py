@@ -280,6 +280,21 @@ def _dtype(name: str) -> str:
     return name
 
 
+def _params(op: str, items: list[str]) -> dict[str, float]:
+    """--param NAME=VALUE items as the op's params."""
+    from .catalog import check_params
+
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise UsageError(f"--param {item!r}: give NAME=VALUE, VALUE a number") from None
+    check_params(op, out, "--param {}:", UsageError)
+    return {p.name: (int if p.integer else float)(out[p.name]) for p in load_spec(op).params if p.name in out}
+
+
 @app.command()
 @_user_errors
 def explain(
@@ -305,6 +320,14 @@ def explain(
     per_batch: Annotated[
         bool, typer.Option("--per-batch", help="broadcast inputs per batch (without --shape: the suite's)")
     ] = False,
+    param: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--param",
+            help="NAME=VALUE, repeatable: an op param the binding checks the shape against (a grid's sizes; "
+            "without --shape: over the suite case's)",
+        ),
+    ] = None,
 ) -> None:
     """Print the plan for one shape: every choice, the rule that set it, and a roofline estimate."""
     from .catalog import suite
@@ -315,7 +338,7 @@ def explain(
     if len(archs) > 1:
         for name in archs:
             if dtype in load_profile(name).dtypes:
-                explain(op, name, dtype, shape, backward, k_heads, per_batch)
+                explain(op, name, dtype, shape, backward, k_heads, per_batch, param)
             else:  # one arch without the dtype does not stop the others' plans
                 print_line(
                     f"{name}: no {dtype} arithmetic there, left out (its plans: --arch {name} --dtype fp16)"
@@ -324,14 +347,16 @@ def explain(
     spec, profile = load_spec(op), load_profile(arch)
     case = None if shape is not None else next(iter(suite(op)), None)  # the op's first benchmark shape
     dims = _shape(shape) if shape is not None else case.shape if case else (8192, 4096)
-    if case:  # its k heads and per-batch broadcast inputs with it
+    if case:  # its k heads, per-batch broadcast inputs and params with it
         k_heads, per_batch = k_heads or case.k_heads, per_batch or case.per_batch
+    given = (dict(case.params) if case else {}) | _params(op, param or [])
     tuning, (_, table_file) = load_tuning(profile.name, op), tuning_file(op, profile.name)
     if backward:
         if (spec := backward_spec(op)) is None:
             raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
         op = spec.name
-    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads, per_batch)
+    defaults = {p.name: p.default for p in spec.params} if given else {}
+    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads, per_batch, defaults | given or None)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made
     source = (
@@ -347,6 +372,7 @@ def explain(
     shown, rows = "×".join(map(str, dims)), math.prod(dims[:-1])
     what = f"shape {shown}" if len(dims) > 3 or per_batch else f"{rows} rows × hidden {dims[-1]}"
     what += f" (k heads {k_heads})" * bool(k_heads) + ", broadcast inputs per batch" * per_batch
+    what += f" ({', '.join(f'{k}={v:g}' for k, v in given.items())})" * bool(given)
     print_line(f"{op} on {profile.name} ({devices}), {dtype}, {what}; {source}")
     print_line(f"the planner's facts for {profile.name}: {profile.planner.basis}")
     _table("plan", ["choice", "value", "why"], [list(row) for row in plan.choices])

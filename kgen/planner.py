@@ -38,13 +38,15 @@ def plan_launch(
     tuning: TuningTable | None = None,
     k_heads: int | None = None,
     per_batch: bool = False,
+    params: dict[str, float] | None = None,
 ) -> LaunchPlan:
     """The configuration the generated launcher picks for a contiguous, aligned tensor of ``shape`` (leading
     dims, then hidden: [rows, hidden], or a rotary op's [batch, heads, tokens, head size], its second rotated
     tensor with ``k_heads`` heads where given), broadcast inputs per batch ([..., 1, hidden]) where
-    ``per_batch``, else per token. A shape the generated binding refuses is refused here with its reason."""
+    ``per_batch``, else per token. A shape the generated binding refuses is refused here with its reason (the
+    checks that read the op's params where ``params`` gives them: a grid's sizes against the tokens)."""
     kernel, family = plan_kernel(spec, profile, dtype, tuning), family_of(spec)
-    case = Case(tuple(shape), per_batch, k_heads=k_heads)
+    case = Case(tuple(shape), per_batch, tuple((params or {}).items()), k_heads)
     if not shape or case.rows < 1 or shape[-1] < 1:
         raise PlanError(f"shape must have rows >= 1 and hidden >= 1, got {tuple(shape)}")
     if k_heads is not None and not family.takes_k_heads(spec, tuple(shape)):

@@ -432,6 +432,28 @@ def test_explain_per_batch_counts_broadcast_inputs_once_a_batch():
             "qk_norm_rope_flux_backward: the norm",
         ),
         (("rope3d", "--shape", "1x2x2688x2048"), "rope3d: x must be [B, S, C] with S = frames·height·width"),
+        (
+            (
+                "rope3d",
+                "--shape",
+                "2x8064x2048",
+                "--param",
+                "frames=20",
+                "--param",
+                "height=16",
+                "--param",
+                "width=24",
+            ),
+            "rope3d: x has 8064 tokens per batch but frames·height·width = 20·16·24",
+        ),
+        (("rope3d", "--param", "frames=2"), "x has 2688 tokens per batch but frames·height·width = 2·16·24"),
+        (
+            ("rope3d", "--param", "frame=2"),
+            "--param frame: rope3d has no param 'frame' (did you mean 'frames'?)",
+        ),
+        (("rope3d", "--param", "frames=2.5"), "--param frames: frames is an integer param (got 2.5)"),
+        (("rope3d", "--param", "theta=-1"), "--param theta: theta must be > 0 (got -1.0)"),
+        (("rope3d", "--param", "frames"), "--param 'frames': give NAME=VALUE, VALUE a number"),
     ],
 )
 def test_explain_refuses_a_shape_the_binding_refuses(args, message):
@@ -439,6 +461,24 @@ def test_explain_refuses_a_shape_the_binding_refuses(args, message):
     result = run("explain", *args)
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert message in " ".join(result.output.split()), result.output
+
+
+def test_explain_takes_the_suite_cases_params_and_given_ones():
+    """Without --shape the suite case's params (a grid's sizes, checked against its tokens) come with its
+    shape; --param gives them with --shape; without them the sizes are left to the binding."""
+    default = " ".join(run("explain", "rope3d").output.split())
+    assert default.startswith("rope3d on sm_90") and "(frames=7, height=16, width=24);" in default
+    given = run(
+        "explain",
+        "rope3d",
+        "--shape",
+        "2x8064x2048",
+        *"--param frames=21 --param height=16".split(),
+        "--param",
+        "width=24",
+    )
+    assert given.exit_code == 0 and "(frames=21, height=16, width=24);" in " ".join(given.output.split())
+    assert run("explain", "rope3d", "--shape", "2x8064x2048").exit_code == 0
 
 
 def test_explain_plans_the_shapes_the_binding_takes():

@@ -366,7 +366,7 @@ class RotaryFamily(Family):
         if shape[-1] % 2:
             return f"{spec.name}: {x}'s last dim holds pairs and must be even, {got}"
         elems = kernel.vector_bytes // kernel.elem_bytes * (2 if structure.pairing == "half" else 1)
-        refused = (structure.grid and structure.grid.refuses(x, shape)) or (
+        refused = (structure.grid and structure.grid.refuses(x, shape, dict(case.params))) or (
             structure.norm and structure.norm.refuses(shape, elems, kernel.dtype)
         )
         return f"{spec.name}: {refused}" if refused else None

@@ -5,6 +5,7 @@ CPU evaluation (the tables the kernel computes)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -94,11 +95,18 @@ class GridAngles(_Model):
             "double" if double else "float",
         )
 
-    def refuses(self, lead: str, shape: tuple[int, ...]) -> str | None:
-        """The binding's check of the lead's dims: [B, S, C], with layout "blocks" also [B, H, S, D]. (Its
-        checks of the sizes against the tokens and of the axes' channels against C read the params too.)"""
+    def refuses(self, lead: str, shape: tuple[int, ...], params: dict | None = None) -> str | None:
+        """The binding's check of the lead's dims: [B, S, C], with layout "blocks" also [B, H, S, D]; where
+        ``params`` name the sizes, their product against the tokens. (Its check of the axes' channels against
+        C is left to the binding.)"""
         blocks = self.layout == "blocks"
         if len(shape) == 3 or (blocks and len(shape) == 4):
+            sizes = [int(params[n]) for n in self.sizes if n in (params or {})]
+            if self.sizes and len(sizes) == len(self.sizes) and math.prod(sizes) != shape[-2]:
+                return (
+                    f"{lead} has {shape[-2]} tokens per batch but {'·'.join(self.sizes)} = "
+                    f"{'·'.join(map(str, sizes))}"
+                )
             return None
         tokens = f" with S = {'·'.join(self.sizes)} tokens in row-major order" if self.sizes else ""
         return f"{lead} must be [B, S, C]{' or [B, H, S, D]' * blocks}{tokens}, got shape {list(shape)}"
