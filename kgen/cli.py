@@ -24,7 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(highlight=False)
-E2E = "ltx, ltx-train, flux, wan, wan-train, qwen3 or qwen3-train"  # kgen bench --e2e's targets
+E2E = "ltx, ltx-train, flux, wan, wan-train, qwen3, qwen3-train or llama"  # kgen bench --e2e's targets
 err_console = Console(stderr=True, highlight=False)
 DTYPE_HELP = "I/O dtype: bf16, fp16, fp32 or torch's names"
 

@@ -62,6 +62,8 @@ SMALL = {
     ),
 }
 
+SMALL["llama"] = {k: v for k, v in SMALL["qwen3"].items() if k != "head_dim"}
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
 def test_qwen3_train_runs_kgens_ops_in_the_kgen_models_step_alone(reference_kernels, build_root):
@@ -100,7 +102,9 @@ def test_qwen3_train_runs_kgens_ops_in_the_kgen_models_step_alone(reference_kern
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real thing: kgen bench --e2e")
-@pytest.mark.parametrize("target", ["qwen3", "ltx", "qwen3-train", "ltx-train", "flux", "wan", "wan-train"])
+@pytest.mark.parametrize(
+    "target", ["qwen3", "llama", "ltx", "qwen3-train", "ltx-train", "flux", "wan", "wan-train"]
+)
 def test_harness_times_each_workload_and_writes_the_table(target, reference_kernels, build_root, tmp_path):
     ops = kgen_transformers.OPS + kgen_diffusers.OPS + kgen_flux.OPS
     wan = kgen_wan.OPS if target.startswith("wan") else ()
@@ -128,6 +132,11 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
         } <= ran
     if target == "qwen3":  # each decoder layer's residual adds with the norms after them, its q/k norms
         assert {"fused_add_rmsnorm_transformers", "qk_norm_rope"} <= ran
+    if target == "llama":  # the residual adds with the norms, the MLP; its rotation transformers'
+        assert {
+            "fused_add_rmsnorm_transformers",
+            "silu_mul_transformers",
+        } <= ran and "qk_norm_rope" not in ran
     if target == "ltx-train":
         assert {"rmsnorm_backward", "rope3d_qk_backward", "gelu_tanh_backward"} <= ran
     if target == "wan-train":  # (head size 12: the q/k norms and the rotation apart)
@@ -137,6 +146,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
         workloads
         == {
             "qwen3": ["Qwen3 prefill, 1×32 tokens", "Qwen3 decode step, batch 4, 16 tokens of context"],
+            "llama": ["Llama prefill, 1×32 tokens", "Llama decode step, batch 4, 16 tokens of context"],
             "ltx": ["LTX-Video forward, B=2, S=24 (2×3×4)"],
             "qwen3-train": ["Qwen3 training step, 2 layers, 2×32 tokens"],
             "ltx-train": ["LTX-Video training step, 2 blocks, B=2, S=24 (2×3×4)"],
@@ -202,9 +212,20 @@ def test_no_cuda_device_is_a_clear_error():
 
 
 def test_unknown_target_is_refused():
-    targets = r"\['flux', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan', 'wan-train'\]"
-    with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'llama'"):
-        run_e2e("llama", device="cpu")
+    targets = r"\['flux', 'llama', 'ltx', 'ltx-train', 'qwen3', 'qwen3-train', 'wan', 'wan-train'\]"
+    with pytest.raises(KgenError, match=rf"--e2e takes one of {targets}, got 'gpt2'"):
+        run_e2e("gpt2", device="cpu")
+
+
+def test_a_full_size_model_off_the_gpu_is_refused():
+    """Without a small config a target builds its real model (Llama-3-8B: 16 GB of bf16 weights, twice with
+    the kgen copy): only on a CUDA device; on the host it would take the machine's memory."""
+    for target in ("llama", "qwen3-train", "ltx"):
+        with pytest.raises(
+            KgenError,
+            match=f"--e2e {target}: the full-size model runs on a CUDA device; elsewhere a small config",
+        ):
+            run_e2e(target, device="cpu")
 
 
 def test_a_failed_profile_keeps_the_timings(monkeypatch, tmp_path):

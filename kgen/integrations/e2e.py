@@ -1,11 +1,11 @@
-"""Whole-model timing (`kgen bench --e2e ltx|ltx-train|flux|wan|wan-train|qwen3|qwen3-train`): each workload
-(kgen.integrations.workloads) as eager, eager + kgen, torch.compile and torch.compile + kgen (and Liger-Kernel
-where a training workload has it), on one set of random weights, median of the rounds' medians, the variants
-interleaved within a round. A training workload also reports each variant's peak memory of one step: the most
-allocated above what was allocated when the step began, its gradients freed (activations, gradients and
-workspaces; the weights excluded). With ``profile``, one more call of each variant runs under torch.profiler
-and the report adds its kernel table: GPU time in matrix products and attention against everything else (the
-memory-bound kernels kgen competes with), and the costliest of the latter."""
+"""Whole-model timing (`kgen bench --e2e ltx|ltx-train|flux|wan|wan-train|qwen3|qwen3-train|llama`): each
+workload (kgen.integrations.workloads) as eager, eager + kgen, torch.compile and torch.compile + kgen (and
+Liger-Kernel where a training workload has it), on one set of random weights, median of the rounds' medians,
+the variants interleaved within a round. A training workload also reports each variant's peak memory of one
+step: the most allocated above what was allocated when the step began, its gradients freed (activations,
+gradients and workspaces; the weights excluded). With ``profile``, one more call of each variant runs under
+torch.profiler and the report adds its kernel table: GPU time in matrix products and attention against
+everything else (the memory-bound kernels kgen competes with), and the costliest of the latter."""
 
 from __future__ import annotations
 
@@ -123,6 +123,10 @@ def run_e2e(
         raise KgenError(f"--e2e takes one of {sorted(BUILDERS)}, got {target!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise KgenError("kgen bench --e2e needs a CUDA device")
+    if config is None and device != "cuda":  # an 8B model and its kgen copy: 32 GB of weights on the host
+        raise KgenError(
+            f"--e2e {target}: the full-size model runs on a CUDA device; elsewhere a small config"
+        )
     training = target in TRAINING
     torch.manual_seed(0)
     calls = rounds * (repeats + WARMUP) + 1  # a variant's calls of a workload, + 1: --profile's or the peak's

@@ -19,6 +19,8 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
   its whole length, so every step costs the same); the kgen model kernelized with
   kgen.integrations.transformers' OPS (RMSNorm, the residual adds fused with the norms after them, the q/k
   norms fused with the rotary embedding, the SwiGLU MLP).
+- llama: the Llama-3-8B config (32 layers), the same two workloads as qwen3 (kernelized with the same OPS: the
+  norms, the residual adds, the MLP; its rotation stays transformers').
 - qwen3-train: one training step (forward with the causal-LM loss on random labels, then backward; no
   optimizer) of the Qwen3-8B config cut to 4 layers at 2 × 2048 tokens; the kgen model kernelized for
   training (OPS and the causal-LM loss's cross-entropy, with their derived backwards), and Liger-Kernel's
@@ -29,6 +31,7 @@ one a deep copy of the eager one, patched) and the workloads ({name: fn(model)})
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 
 from ..errors import KgenError
@@ -45,22 +48,31 @@ QWEN3_8B = dict(
     rms_norm_eps=1e-6,
     num_hidden_layers=36,
 )
+# Llama-3-8B: Qwen3-8B's widths and heads (head size 128) but for these
+LLAMA3_8B = QWEN3_8B | dict(
+    vocab_size=128256, intermediate_size=14336, rms_norm_eps=1e-5, rope_theta=500000.0, num_hidden_layers=32
+)
 
 
-def qwen3(torch, device, config, kernelize_kwargs, steps, log):
-    from transformers import Qwen3Config, Qwen3ForCausalLM, StaticCache
+def causal_lm(kind: str, torch, device, config, kernelize_kwargs, steps, log):
+    """A causal LM's prefill (no cache) and one decode step (a static cache filled with the context once): the
+    ``kind`` "Qwen3" (Qwen3-8B's config) or "Llama" (Llama-3-8B's), or a small ``config`` of it."""
+    import transformers
+    from transformers import StaticCache
 
-    cfg = Qwen3Config(**(config or QWEN3_8B))
+    cls = getattr(transformers, f"{kind}ForCausalLM")
+    cfg = getattr(transformers, f"{kind}Config")(**(config or {"Qwen3": QWEN3_8B, "Llama": LLAMA3_8B}[kind]))
+    full = not config
     with torch.device(device):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = cls(cfg).to(torch.bfloat16).eval()
     kgen = copy.deepcopy(model)
     kernelize(kgen, **kernelize_kwargs)
-    prefill, (batch, context) = (2048, (64, 512)) if not config else (32, (4, 16))
+    prefill, (batch, context) = (2048, (64, 512)) if full else (32, (4, 16))
     ids = torch.randint(0, cfg.vocab_size, (1, prefill), device=device)
     tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
     caches, calls = {}, {}
     # the cache's keyword: `cache` from transformers 5.24 (`past_key_values`, deprecated, goes in 5.40)
-    name = "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
+    name = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
     def decode(m):
         if id(m) not in caches:  # each model (compiled or not) fills its own cache with the context once
@@ -77,8 +89,8 @@ def qwen3(torch, device, config, kernelize_kwargs, steps, log):
         return m(tokens, use_cache=True, **{name: caches[id(m)]})
 
     workloads = {
-        f"Qwen3 prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
-        f"Qwen3 decode step, batch {batch}, {context} tokens of context": decode,
+        f"{kind} prefill, 1×{prefill} tokens": lambda m: m(ids, use_cache=False),
+        f"{kind} decode step, batch {batch}, {context} tokens of context": decode,
     }
     return {"eager": model, "eager + kgen": kgen}, workloads
 
@@ -136,7 +148,8 @@ BUILDERS = {
     "flux": flux,
     "wan": wan,
     "wan-train": wan_train,
-    "qwen3": qwen3,
+    "qwen3": functools.partial(causal_lm, "Qwen3"),
     "qwen3-train": qwen3_train,
+    "llama": functools.partial(causal_lm, "Llama"),
 }
 TRAINING = {"ltx-train", "qwen3-train", "wan-train"}
