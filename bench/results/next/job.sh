@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), in order of need:
 # 1 LTX-Video end to end with the GPU's SM clock and power sampled through it (do the same GEMMs and attention
-# run slower in a denser step because the clock drops?), 2 on an H200 the whole suite and Qwen3-8B under CUDA
-# graphs (issue 14's tables from one H200 run). About 8 minutes after start-up on an H100, 20 on an H200. Run
+# run slower in a denser step because the clock drops?), 2 Llama-3-8B end to end under CUDA graphs, 3 on an
+# H200 the whole suite and Qwen3-8B under CUDA graphs (issue 14's tables from one H200 run). About 15 minutes
+# after start-up on an H100, 27 on an H200. Run
 # from a tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in
 # $WHEELS (default .whl/ of the tree). Writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
@@ -26,7 +27,10 @@ fi
 timeout 480 python3 -m kgen bench --e2e ltx --profile --out "$R/e2e" --build-dir /tmp/kb 2>&1 | stamped > "$R/ltx.log"
 done_ "e2e ltx --profile" $?
 kill $SMI
-# 2. on an H200 only: the whole suite and Qwen3-8B under CUDA graphs
+# 2. Llama-3-8B's prefill and decode step under CUDA graphs (its grouped decode attention, first timed here)
+timeout 480 python3 -m kgen bench --e2e llama --graphs --out "$R/e2e" --build-dir /tmp/kb > "$R/llama.log" 2>&1
+done_ "e2e llama --graphs" $?
+# 3. on an H200 only: the whole suite and Qwen3-8B under CUDA graphs
 if grep -q H200 "$R/gpu.txt"; then
   timeout 420 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
   done_ suite $?
