@@ -355,8 +355,8 @@ def explain(
         if (spec := backward_spec(op)) is None:
             raise UsageError(f"{op} has no backward kernels yet (kgen list shows which ops have)")
         op = spec.name
-    defaults = {p.name: p.default for p in spec.params} if given else {}
-    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads, per_batch, defaults | given or None)
+    params = {p.name: p.default for p in spec.params} | given if given else None  # none given: left unchecked
+    plan = plan_launch(spec, profile, dtype, dims, tuning, k_heads, per_batch, params)
     entries = [c for c in (tuning.choices if tuning else []) if (c.op, c.dtype) == (op, dtype)]
     cited = sum(table_file in why for _, _, why in plan.choices)  # the choices at this shape the table made
     source = (

@@ -104,23 +104,16 @@ class TuningTable(BaseModel):
     choices: list[TunedChoice] = []
     file: str = Field(default="", exclude=True)  # how messages name the file it was read from (not written)
 
-    def _entry(self, op: str, dtype: str, max_row_bytes: int | None) -> TunedChoice | None:
-        return next(
+    def threads(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> tuple[int | None, str]:
+        """(threads, why) where this configuration was measured against today's ``rule``; else (None, what
+        the rule's reason adds): an entry tuned against another rule, from before a profile change, is
+        stale and named, the rule stands."""
+        c = next(
             (c for c in self.choices if (c.op, c.dtype, c.max_row_bytes) == (op, dtype, max_row_bytes)), None
         )
-
-    def threads(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> tuple[int, str] | None:
-        """The measured choice for this configuration, if one was measured against today's ``rule`` (an
-        entry tuned against another rule, from before a profile change, is stale: the rule stands)."""
-        c = self._entry(op, dtype, max_row_bytes)
-        return (c.threads, self.why(c)) if c and c.rule_threads == rule else None
-
-    def stale(self, op: str, dtype: str, max_row_bytes: int | None, rule: int) -> str:
-        """What a plan's reason adds where this configuration's entry was measured against another rule."""
-        c = self._entry(op, dtype, max_row_bytes)
         if c is None or c.rule_threads == rule:
-            return ""
-        return (
+            return (c.threads, self.why(c)) if c else (None, "")
+        return None, (
             f"; {self.file or f'arch/tuning/{self.arch}.toml'} has a `kgen tune` entry here measured when "
             f"the rule was {c.rule_threads} threads: stale, left out (re-run `kgen tune {op}`)"
         )

@@ -115,14 +115,15 @@ class ElementwiseFamily(RowsFamily):
         access width and the block size."""
         elem = DTYPE_BYTES[dtype]
         vector = profile.max_access_bytes // elem
-        tuned = tuning.threads(spec.name, dtype, None, profile.planner.block_threads) if tuning else None
-        threads = tuned[0] if tuned else profile.planner.block_threads
+        tuned, why = (
+            tuning.threads(spec.name, dtype, None, profile.planner.block_threads) if tuning else (None, "")
+        )
+        threads = tuned or profile.planner.block_threads
         reasons = {
-            "threads_per_row": (tuned[1] + " (threads per block)")
+            "threads_per_row": why + " (threads per block)"
             if tuned
             else f"{threads} threads per block, each one access of every tensor at one position "
-            "(profile planner.block_threads); rows are flattened"
-            + (tuning.stale(spec.name, dtype, None, threads) if tuning else ""),
+            f"(profile planner.block_threads); rows are flattened{why}",
             "rows_per_block": "rows are flattened: a block covers consecutive positions",
             "storage": "nothing kept: each element is read once and written once",
         }

@@ -220,20 +220,21 @@ class RotaryFamily(Family):
         """A thread rotates its channels of one token across the heads, fetching cos and sin once."""
         elem, pairing = DTYPE_BYTES[dtype], spec.structure.pairing
         vector = profile.max_access_bytes // elem
-        tuned = tuning.threads(spec.name, dtype, None, profile.planner.block_threads) if tuning else None
-        threads = tuned[0] if tuned else profile.planner.block_threads
+        tuned, why = (
+            tuning.threads(spec.name, dtype, None, profile.planner.block_threads) if tuning else (None, "")
+        )
+        threads = tuned or profile.planner.block_threads
         per_head_norm = spec.structure.norm is not None and spec.structure.norm.over == "head"
         facts = self.check_facts(profile)
         heads = facts.heads_in_flight["head_norm" if per_head_norm else pairing]
         # a backward through the norm keeps what it needs: the fused q/k norm's (118 registers) would spill
         resident_blocks = facts.forward_blocks_per_sm if spec.structure.norm_inputs is None else 1
         reasons = {
-            "threads_per_row": (tuned[1] + " (threads per block)")
+            "threads_per_row": why + " (threads per block)"
             if tuned
             else f"{threads} threads per block (profile planner.block_threads), each one access of a token's "
             "channels in every head (cos and sin fetched once per token), unless that leaves fewer threads "
-            "than one full wave: then heads are split in chunks"
-            + (tuning.stale(spec.name, dtype, None, threads) if tuning else ""),
+            f"than one full wave: then heads are split in chunks{why}",
             "rows_per_block": "tokens are flattened: a block covers consecutive channel groups",
             "storage": "nothing kept: each element is read once and written once",
         }

@@ -280,19 +280,15 @@ class RowReduceFamily(RowsFamily):
         )
 
         def tuned(max_row_bytes, rule):
-            return tuning.threads(spec.name, dtype, max_row_bytes, rule) if tuning else None
+            return tuning.threads(spec.name, dtype, max_row_bytes, rule) if tuning else (None, "")
 
         wide = [t.name for t in spec.tensors if t.dtype == "float32"]
         # one block-wide reduction a row affords more threads than two (a barrier each); measured on 16-bit
         # rows; float32 inputs took more registers a thread and lost (bench/results/ladder-h100-2026-12-06)
         ladder = facts.ladder(len(spec.structure.reductions) == 1 and not wide and elem == 2)
-
-        def stale(max_row_bytes, rule):
-            return tuning.stale(spec.name, dtype, max_row_bytes, rule) if tuning else ""
-
-        buckets = self._buckets(
-            profile, facts, ladder, elem, vector, values, columns, tuned, stale
-        ) + self._buckets(profile, facts, ladder, elem, 1, values, columns, lambda *_: None, stale)
+        buckets = self._buckets(profile, facts, ladder, elem, vector, values, columns, tuned) + self._buckets(
+            profile, facts, ladder, elem, 1, values, columns, tuned
+        )
         largest = max(
             facts.threads_per_row[-1].threads * facts.row_register_bytes_per_thread,
             profile.max_shared_memory_per_block - _SCRATCH_BYTES,
@@ -344,20 +340,21 @@ class RowReduceFamily(RowsFamily):
         )
 
     def _buckets(
-        self, profile, facts, ladder, elem, elems_per_access, row_values, column_inputs, tuned, stale
+        self, profile, facts, ladder, elem, elems_per_access, row_values, column_inputs, tuned
     ) -> list[Bucket]:
         access_bytes = elem * elems_per_access
         out = []
         for step, key in ladder:
-            choice = tuned(step.max_row_bytes, step.threads) if elems_per_access > 1 else None
-            threads = choice[0] if choice else step.threads
+            # the tuning table measured the vector configurations only
+            choice, why = tuned(step.max_row_bytes, step.threads) if elems_per_access > 1 else (None, "")
+            threads = choice or step.threads
             rows_per_block = max(1, profile.planner.block_threads // threads)
             reasons = {
-                "threads_per_row": choice[1]
+                "threads_per_row": why
                 if choice
                 else f"{threads}: rows up to {step.max_row_bytes} B (profile planner.row_reduce.{key}"
                 + ("; 16-bit rows, one reduction, no float32 tensor)" if key.startswith("one") else ")")
-                + (stale(step.max_row_bytes, threads) if elems_per_access > 1 else ""),
+                + why,
                 "rows_per_block": (
                     f"{rows_per_block}: {profile.planner.block_threads} threads per block / {threads} per row"
                     if rows_per_block > 1
