@@ -17,7 +17,9 @@ x, x_pair, k, k_pair = sp.symbols("x x_pair k k_pair")
 
 
 def rope3d_qk_ref(x: torch.Tensor, k: torch.Tensor, *params, **named) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 reference: rope3d of each."""
+    """float64 reference: rope3d of each; with ``tables=True``, the (cos, sin) tables both share."""
+    if named.get("tables"):
+        return rope3d_ref(x, *params, **named)
     return rope3d_ref(x, *params, **named), rope3d_ref(k, *params, **named)
 
 

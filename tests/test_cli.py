@@ -425,7 +425,8 @@ def test_explain_per_batch_counts_broadcast_inputs_once_a_batch():
         ),
         (
             ("qk_norm_rope", "--shape", "1x32x128x96", "--k-heads", "8"),
-            "qk_norm_rope: the norm before the rotation serves head sizes D = 16 · 2^k up to 512 in bfloat16",
+            "qk_norm_rope: the norm before the rotation serves head sizes D = 16 · 2^k up to 4096 in "
+            "bfloat16",
         ),
         (
             ("qk_norm_rope_flux", "--shape", "1x24x4608x96", "--backward"),

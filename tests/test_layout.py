@@ -151,10 +151,11 @@ SIZES = {
     "families/row_reduce.py": 725,  # the one-reduction steps of the ladder (a profile fact, validated)
     # example_input(s): the inputs a family draws (labels, a saved loss, probes); refuses: a binding's shapes
     "families/base.py": 433,
-    "families/rotary.py": 560,  # refuses: the binding's shape checks; a stale tuning entry named
+    # rotary: refuses, the binding's shape checks; a stale tuning entry named; the example heads a norm serves
+    "families/rotary.py": 570,
     "families/rotary_backward.py": 140,
     "families/rotary_grid.py": 200,
-    "families/rotary_norm.py": 211,  # refuses: the head sizes the binding serves
+    "families/rotary_norm.py": 240,  # refuses: the head sizes the binding serves, a head across warps too
     "families/column_reduce.py": 668,  # two schedules (rows held on chip, split rows); passed-on gradients
     "families/row_backward.py": 256,  # split and zero-sum parts, passed-on gradients, saved sums
     "families/elementwise.py": 260,

@@ -385,10 +385,12 @@ DIMS = "1 to 4 dims ([B, H, T, D], [B, S, C], [T, D] or [D])"
             "qk_norm_rope",
             "bfloat16",
             (1, 8, 16, 96),
-            "the norm before the rotation serves head sizes D = 16 · 2^k up to 512 in bfloat16 (D / 16 lanes "
-            "of one warp sum a head), got D = 96 (shape [1, 8, 16, 96])",
+            "the norm before the rotation serves head sizes D = 16 · 2^k up to 4096 in bfloat16 (D / 16 "
+            "lanes of one warp or whole warps of a 256-thread block sum a head), got D = 96 "
+            "(shape [1, 8, 16, 96])",
         ),
-        ("qk_norm_rope_flux", "bfloat16", (1, 8, 16, 512), "head sizes D = 8 · 2^k up to 256 in bfloat16"),
+        ("qk_norm_rope_flux", "bfloat16", (1, 8, 16, 4096), "head sizes D = 8 · 2^k up to 2048 in bfloat16"),
+        ("qk_norm_rope3d", "float32", (2, 1, 2048), "D = 4 · 2^k up to 1024 in float32 (D / 4 lanes of one"),
         ("qk_norm_rope_wan", "float32", (1, 16, 24), "D = 4 · 2^k up to 128 in float32 (D / 4 lanes"),
         (
             "rope3d",
@@ -418,10 +420,11 @@ def test_launch_refuses_what_the_binding_refuses(op, dtype, shape, message):
         plan_launch(backward_spec(op), load_profile("sm_90"), dtype, shape)
 
 
-@pytest.mark.parametrize("op", ["qk_norm_rope", "qk_norm_rope_flux", "qk_norm_rope_wan"])
+@pytest.mark.parametrize("op", ["qk_norm_rope", "qk_norm_rope_flux", "qk_norm_rope_wan", "qk_norm_rope3d"])
 def test_the_norms_head_sizes_are_the_bindings(op):
-    """Every even head size to 600 in each dtype: planned exactly where the rendered binding's condition
-    (hidden % norm_elems == 0, norm_lanes = hidden / norm_elems a power of two up to 32) holds."""
+    """Every even head size to 600 and wider ones in each dtype: planned exactly where the rendered binding's
+    condition (hidden % norm_elems == 0, norm_lanes = hidden / norm_elems a power of two up to its bound: 32
+    lanes over a token, a 256-thread block's over a head) holds."""
     import re
 
     from kgen.builder import render_target
@@ -431,14 +434,18 @@ def test_the_norms_head_sizes_are_the_bindings(op):
     access, pairs = map(
         int, re.search(r"norm_elems = (\d+) / int64_t\(x\.element_size\(\)\) \* (\d)", binding).groups()
     )
+    most = int(re.search(r"norm_lanes <= (\d+) &&", binding).group(1))
+    assert most == (32 if load_spec(op).structure.norm.over == "token" else 256)
     spec, profile = load_spec(op), load_profile("sm_90")
     for dtype in profile.dtypes:
         elems = access // DTYPE_BYTES[dtype] * pairs
-        for hidden in range(2, 601, 2):
+        for hidden in [*range(2, 601, 2), 1024, 1040, 2048, 3072, 4096, 8192]:
             lanes = hidden // elems
-            served = hidden % elems == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
+            served = hidden % elems == 0 and 1 <= lanes <= most and lanes & (lanes - 1) == 0
             try:
-                plan_launch(spec, profile, dtype, (1, 4, 8, hidden))
+                plan_launch(
+                    spec, profile, dtype, (2, 1, hidden) if spec.structure.grid else (1, 4, 8, hidden)
+                )
             except PlanError as err:
                 assert not served and f"got D = {hidden}" in str(err), (dtype, hidden, err)
             else:

@@ -1,6 +1,7 @@
 """Rotary ops with a norm before the rotation (qk_norm_rope_flux: RMSNorm over each head; qk_norm_rope_wan:
-over every head of a token; qk_norm_rope: Qwen3's norm over each head, rotate_half pairs, cos/sin tables) on
-the GPU: hypothesis property tests against the float64 references (head sizes,
+over every head of a token; qk_norm_rope: Qwen3's norm over each head, rotate_half pairs, cos/sin tables;
+qk_norm_rope3d: LTX-Video's over a token's C channels, one head of [B, S, C]) on
+the GPU: hypothesis property tests against the float64 references (head sizes up to a block's lanes,
 heads, tokens, dtypes, magnitudes, layouts as the models pass them), the two-op pipelines they replace (kgen's
 rmsnorm then rope_flux / rope_wan, and the spec's diffusers peer), a NaN staying in its head or token, the
 refused head sizes and weights, opcheck and torch.compile. The derived backward (both ops): gradients of q, k
@@ -25,7 +26,14 @@ NORMED = [op for op in op_names() if getattr(load_spec(op).structure, "norm", No
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 # the rotation each fuses, and the convention of that and of kgen's rmsnorm that the op's numerics are
-PIPELINE = {"qk_norm_rope_flux": "rope_flux", "qk_norm_rope_wan": "rope_wan", "qk_norm_rope": "rope"}
+PIPELINE = {
+    "qk_norm_rope_flux": "rope_flux",
+    "qk_norm_rope_wan": "rope_wan",
+    "qk_norm_rope": "rope",
+    "qk_norm_rope3d": "rope3d_qk",
+}
+# ops on [B, S, C]: a token's C channels are one head (LTX-Video's q and k before the head split)
+TOKEN_ROWS = {"qk_norm_rope3d"}
 CONVENTION = {"qk_norm_rope": {"convention": "transformers"}}
 RMSNORM_REF = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
 TRAINED = [op for op in NORMED if family_of(load_spec(op)).backward(load_spec(op)) is not None]
@@ -49,14 +57,22 @@ def grid_of(tokens: int) -> list[int]:
 def make_call(op, dtype, gen, batch, heads, tokens, hidden, layout="bshd", magnitude=1.0, k_heads=None):
     """Inputs and params: q and k [B, H, S, D] as views of [B, S, H, D] heads ("bshd", as the models pass
     them), contiguous, or one element off 16-byte alignment ("misaligned": the scalar path); weights around 1;
-    Flux's positions whole numbers up to about 2000; Wan's grid of the tokens; cos and sin tables [1, S, D] in
-    the dtype, as a transformers model's rotary embedding gives them (each frequency twice: rotate_half)."""
+    Flux's positions whole numbers up to about 2000; Wan's and LTX-Video's grid of the tokens; cos and sin
+    tables [1, S, D] in the dtype, as a transformers model's rotary embedding gives them (each frequency
+    twice: rotate_half). TOKEN_ROWS ops take [B, S, C] (C = hidden, no heads): "bshd" is then every other
+    row of [B, 2S, C] (rows 2C apart, as a strided view)."""
     spec = load_spec(op)
     k_heads = k_heads or heads
 
     def heads_tensor(h):
+        h = 1 if op in TOKEN_ROWS else h
         raw = torch.randn(batch * tokens * h * hidden + 1, generator=gen, device="cuda") * magnitude
         raw = raw.to(dtype)
+        if op in TOKEN_ROWS:
+            if layout == "bshd":
+                wide = torch.randn(batch, 2 * tokens, hidden, generator=gen, device="cuda") * magnitude
+                return wide.to(dtype)[:, ::2]
+            return (raw[1:] if layout == "misaligned" else raw[:-1]).view(batch, tokens, hidden)
         if layout == "misaligned":
             return raw[1:].view(batch, h, tokens, hidden)
         if layout == "bshd":
@@ -98,7 +114,11 @@ def check(op, outs, inputs, params):
     else:
         pipeline = load_spec(PIPELINE[op])
         cos, sin = pipeline.reference(*inputs[:2], *inputs[4:], *params[:-1], tables=True)
-    cos, sin = (cos.unsqueeze(1) if cos.dim() == 3 else cos), (sin.unsqueeze(1) if sin.dim() == 3 else sin)
+    if inputs[0].dim() == 4:  # [B or 1, S, D] tables beside [B, H, S, D]
+        cos, sin = (
+            (cos.unsqueeze(1) if cos.dim() == 3 else cos),
+            (sin.unsqueeze(1) if sin.dim() == 3 else sin),
+        )
     over_token = spec.structure.norm.over == "token"
     for out, w, x, weight in zip(outs, want, inputs[:2], inputs[2:4]):
         assert out.shape == x.shape and out.dtype == x.dtype
@@ -134,19 +154,29 @@ def norm_reference(x, weight, eps, over_token):
     return normed.unflatten(2, (x.shape[1], x.shape[3])).transpose(1, 2)
 
 
+def most_lanes(op: str) -> int:
+    """The lanes that may sum a head: a warp's over a token, a 256-thread block's over a head."""
+    return 32 if load_spec(op).structure.norm.over == "token" else 256
+
+
 @st.composite
 def cases(draw, ops=NORMED):
     dtype, op = draw(st.sampled_from(DTYPES)), draw(st.sampled_from(ops))
-    # a lane's 16-byte access (of each half of a head, with rotate_half pairs); 1 to 32 lanes sum a head
+    # a lane's 16-byte access (of each half of a head, with rotate_half pairs); 1 to most_lanes sum a head
     elems = 16 // dtype.itemsize * (2 if load_spec(op).structure.pairing == "half" else 1)
+    sizes = [
+        d for d in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if elems <= d <= most_lanes(op) * elems
+    ]
+    hidden = draw(st.sampled_from(sizes))
     return dict(
         op=op,
         dtype=dtype,
         batch=draw(st.integers(1, 3)),
-        # 48: Wan's backward holds q's and k's 96 heads of 128 16-bit channels in no block (its other path)
-        heads=draw(st.sampled_from([1, 2, 3, 12, 48])),
+        # 48: Wan's backward holds q's and k's 96 heads of 128 16-bit channels in no block (its other path);
+        # heads wider than 512 channels (a head across warps) come few to a token
+        heads=draw(st.sampled_from([1, 2, 3, 12, 48] if hidden <= 512 else [1, 2, 3])),
         tokens=draw(st.sampled_from([1, 2, 7, 24, 60, 257])),
-        hidden=draw(st.sampled_from([d for d in (8, 16, 32, 64, 128, 256, 512) if elems <= d <= 32 * elems])),
+        hidden=hidden,
         layout=draw(st.sampled_from(["bshd", "contiguous", "misaligned"])),
         magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
@@ -171,10 +201,13 @@ def test_matches_reference(ops, case):
 @pytest.mark.parametrize("shape", [(1, 24, 4608, 128), (1, 12, 2 * 30 * 52, 128)])
 def test_equals_the_two_ops_it_replaces(ops, record_property, op, shape):
     """Against kgen's rmsnorm then the rotation op (what the model integrations ran before) at a model's
-    shape: equal but where the two reductions' fp32 sums round a normed value apart (counted; at most one
-    in a thousand, each within the reference's bound); and against the spec's peer (F.rms_norm, then
-    diffusers' apply_rotary_emb with fp32 tables) within the same bound."""
+    shape (LTX-Video's [2, 2688, 2048] and a [1, 3120, 1024] for the [B, S, C] op): equal but where the two
+    reductions' fp32 sums round a normed value apart (counted; at most one in a thousand, each within the
+    reference's bound); and against the spec's peer (F.rms_norm, then diffusers' apply_rotary_emb with fp32
+    tables) within the same bound."""
     dtype = usable_dtype()
+    if op in TOKEN_ROWS:
+        shape = (2, 1, 2688, 2048) if shape[1] == 24 else (1, 1, 3120, 1024)
     gen = torch.Generator(device="cuda").manual_seed(sum(shape))
     batch, heads, tokens, hidden = shape
     inputs, params = make_call(op, dtype, gen, batch, heads, tokens, hidden)
@@ -200,10 +233,18 @@ def test_equals_the_two_ops_it_replaces(ops, record_property, op, shape):
 
 @pytest.mark.parametrize("op", NORMED)
 def test_nan_stays_in_its_head_or_token(ops, op):
-    """A NaN in one element of q: NaN in its head of its token (Flux, over a head) or in every head of q at
-    its token (Wan, over a token), nowhere else; k untouched."""
+    """A NaN in one element of q: NaN in its head of its token (Flux, over a head; LTX-Video, the token's
+    channels) or in every head of q at its token (Wan, over a token), nowhere else; k untouched."""
     dtype = usable_dtype()
-    inputs, params = make_call(op, dtype, torch.Generator(device="cuda").manual_seed(7), 2, 3, 24, 128)
+    hidden = 2048 if op in TOKEN_ROWS else 128  # a head across a block's warps
+    inputs, params = make_call(op, dtype, torch.Generator(device="cuda").manual_seed(7), 2, 3, 24, hidden)
+    if op in TOKEN_ROWS:
+        inputs[0][1, 5, 17] = float("nan")
+        out, k_out = ops[op](*inputs, *params)
+        expected = torch.zeros_like(out, dtype=torch.bool)
+        expected[1, 5, :] = True
+        assert torch.equal(out.isnan(), expected) and not k_out.isnan().any()
+        return
     inputs[0][1, 2, 5, 17] = float("nan")
     out, k_out = ops[op](*inputs, *params)
     expected = torch.zeros_like(out, dtype=torch.bool)
@@ -217,17 +258,19 @@ def test_nan_stays_in_its_head_or_token(ops, op):
 
 @pytest.mark.parametrize("op", NORMED)
 def test_refusals(ops, op):
-    """Head sizes whose lanes are no power of two up to a warp, and weights of the wrong shape or dtype,
-    are refused naming the argument."""
+    """Head sizes whose lanes are no power of two up to a warp (over a token) or a 256-thread block (over a
+    head), and weights of the wrong shape or dtype, are refused naming the argument."""
     spec = load_spec(op)
     gen = torch.Generator(device="cuda").manual_seed(1)
     dtype = usable_dtype()
     elems = 16 if spec.structure.pairing == "half" else 8  # a lane's 16-byte access (of each half)
-    for hidden in (96, 64 * elems):
+    most = most_lanes(op)
+    lanes = "of one warp" + " or whole warps of a 256-thread block" * (most > 32)
+    for hidden in (96, 2 * most * elems):
         inputs, params = make_call(op, dtype, gen, 1, 2, 24, hidden)
         message = (
-            rf"{op}: the norm before the rotation serves head sizes D = {elems} · 2\^k up to {32 * elems} in "
-            rf"(BFloat16|Half) \(D / {elems} lanes of one warp sum a (head|token)\), got D = {hidden}"
+            rf"{op}: the norm before the rotation serves head sizes D = {elems} · 2\^k up to {most * elems} "
+            rf"in (BFloat16|Half) \(D / {elems} lanes {lanes} sum a (head|token)\), got D = {hidden}"
         )
         with pytest.raises(ValueError, match=message):
             ops[op](*inputs, *params)
@@ -265,7 +308,7 @@ def test_empty_input(ops, op):
     inputs, params = make_call(op, torch.float16, torch.Generator(device="cuda").manual_seed(2), 1, 2, 1, 64)
     inputs = [t[:0] if i in (0, 1, 4) else t for i, t in enumerate(inputs)]
     for out in ops[op](*inputs, *params):
-        assert out.shape == (0, 2, 1, 64)
+        assert out.shape == ((0, 1, 64) if op in TOKEN_ROWS else (0, 2, 1, 64))
 
 
 def gradient_case(op, dtype, gen, batch, heads, tokens, hidden, layout="bshd", magnitude=1.0):
@@ -341,12 +384,12 @@ MODEL_HEADS = [(op, {"qk_norm_rope_wan": 40}.get(op, 24)) for op in TRAINED] + [
 
 @pytest.mark.parametrize("op, heads", MODEL_HEADS)
 def test_gradients_at_a_model_shape_repeat_bitwise(ops, op, heads):
-    """The models' heads over 4608 tokens: the gradients against float64, and three runs bitwise equal (each
-    weight's partial sums added in a fixed order, no atomics)."""
+    """The models' heads over 4608 tokens (LTX-Video's [2, 2688, 2048] for the [B, S, C] op): the gradients
+    against float64, and three runs bitwise equal (each weight's partial sums added in a fixed order, no
+    atomics)."""
     dtype = usable_dtype()
-    inputs, params, grads = gradient_case(
-        op, dtype, torch.Generator(device="cuda").manual_seed(3), 1, heads, 4608, 128
-    )
+    shape = (2, 1, 2688, 2048) if op in TOKEN_ROWS else (1, heads, 4608, 128)
+    inputs, params, grads = gradient_case(op, dtype, torch.Generator(device="cuda").manual_seed(3), *shape)
     outs = ops[op](*inputs, *params)
     runs = [torch.autograd.grad(outs, inputs[:4], grads, retain_graph=True) for _ in range(3)]
     for again in runs[1:]:
@@ -365,11 +408,12 @@ def test_a_nan_gradient_stays_in_its_head(ops, op):
     inputs, params, grads = gradient_case(
         op, dtype, torch.Generator(device="cuda").manual_seed(5), 2, 3, 24, 128
     )
-    grads[0][1, 2, 5, 16] = float("nan")
+    at_head = () if op in TOKEN_ROWS else (2,)  # [B, S, C]: the token's channels are its head
+    grads[0][(1, *at_head, 5, 16)] = float("nan")
     gx, gk, gxw, gkw = torch.autograd.grad(ops[op](*inputs, *params), inputs[:4], grads)
     over_token = load_spec(op).structure.norm.over == "token"
     expected = torch.zeros_like(gx, dtype=torch.bool)
-    expected[1, slice(None) if over_token else 2, 5, :] = True
+    expected[(1, *((slice(None),) if over_token else at_head), 5)] = True
     assert torch.equal(gx.isnan(), expected)
     assert not gk.isnan().any() and not gkw.isnan().any()
     at = 2 * 128 + 16 if over_token else 16  # head 2's channel 16 of an [H·D] weight

@@ -454,20 +454,28 @@ def test_an_attention_the_kernel_does_not_fit_runs_the_models_norms(served_ops, 
 
 
 @pytest.mark.parametrize(
-    "half_pairs, element_size, smallest, largest",
-    [(True, 2, 16, 512), (True, 4, 8, 256), (False, 2, 8, 256), (False, 4, 4, 128)],
+    "half_pairs, element_size, over, smallest, largest",
+    [
+        (True, 2, "head", 16, 4096),
+        (True, 4, "head", 8, 2048),
+        (False, 2, "head", 8, 2048),
+        (False, 4, "head", 4, 1024),
+        (False, 2, "token", 8, 256),
+        (False, 4, "token", 4, 128),
+    ],
 )
 def test_the_fused_q_k_norms_fit_the_head_sizes_their_launcher_serves(
-    half_pairs, element_size, smallest, largest
+    half_pairs, element_size, over, smallest, largest
 ):
-    """The integrations' per-call test (qk_norm_rope here, the Flux and Wan ones interleaved): a lane keeps a
-    16-byte access (of each half for rotate_half) and a head's lanes are a power of two up to a warp, so the
-    head sizes are smallest·2^k up to largest (README: qk_norm_rope 16·2^k up to 512 in 16-bit)."""
+    """The integrations' per-call test (qk_norm_rope here, the Flux, Wan and LTX-Video ones interleaved): a
+    lane keeps a 16-byte access (of each half for rotate_half) and a head's lanes are a power of two up to a
+    256-thread block's (a token's, Wan's: up to a warp), so the head sizes are smallest·2^k up to largest
+    (README: qk_norm_rope 16·2^k up to 4096 in 16-bit)."""
     from kgen.integrations._rotary_fit import lanes_fit
 
-    sizes = [smallest << k for k in range(6)]
+    sizes = [smallest << k for k in range(9 if over == "head" else 6)]
     assert sizes[-1] == largest
-    assert [d for d in range(1, 4 * largest) if lanes_fit(d, element_size, half_pairs)] == sizes
+    assert [d for d in range(1, 4 * largest) if lanes_fit(d, element_size, half_pairs, over)] == sizes
 
 
 def test_an_mlp_without_silu_keeps_its_forward(served_ops, build_root):

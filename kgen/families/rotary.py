@@ -368,7 +368,7 @@ class RotaryFamily(Family):
             return f"{spec.name}: {x}'s last dim holds pairs and must be even, {got}"
         elems = kernel.vector_bytes // kernel.elem_bytes * (2 if structure.pairing == "half" else 1)
         refused = (structure.grid and structure.grid.refuses(x, shape, dict(case.params))) or (
-            structure.norm and structure.norm.refuses(shape, elems, kernel.dtype)
+            structure.norm and structure.norm.refuses(shape, elems, kernel.dtype, kernel.block_threads)
         )
         return f"{spec.name}: {refused}" if refused else None
 
@@ -510,8 +510,12 @@ class RotaryFamily(Family):
             cases = [Case(shape) for shape in [(2, 7, 64), (1, 5, 2), (2, 3, 5, 128), (1, 4, 33, 96)]]
         else:
             cases = grid.example_cases()
-        if spec.structure.norm:  # the head sizes a norm serves in every dtype: 16 to 128
-            return [c for c in cases if c.shape[-1] in (16, 32, 64, 128)]
+        if norm := spec.structure.norm:  # the head sizes a norm serves in every dtype (16-byte accesses)
+            per = 2 if spec.structure.pairing == "half" else 1
+            threads = 256  # every arch profile's planner.block_threads
+            return [
+                c for c in cases if not any(norm.refuses(c.shape, 16 // e * per, "", threads) for e in (2, 4))
+            ]
         return cases
 
     def context(self, spec: OpSpec, profile: ArchProfile, plans: list[RotaryPlan]) -> RotaryContext:
@@ -530,7 +534,8 @@ class RotaryFamily(Family):
         )
         grid = structure.grid.code(names) if structure.grid is not None else None
         backward = structure.norm_inputs is not None
-        norm = structure.norm.code(names, by_name, backward) if structure.norm is not None else None
+        threads = plans[0].block_threads
+        norm = structure.norm.code(names, by_name, threads, backward) if structure.norm is not None else None
         norm_inputs = [by_name[n] for n in structure.norm_inputs or ()]
         weight_gradients = spec.outputs[len(rotated) :]
         weights = structure.norm.weights if backward else []

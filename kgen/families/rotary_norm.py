@@ -28,6 +28,8 @@ class NormCode:
     """A rotary norm as the templates print it."""
 
     over: str
+    max_lanes: int  # the lanes that may sum a head or token (see RotaryNorm.max_lanes)
+    lanes_doc: str  # ... which they are, in words
     weights: list[Tensor]
     summand: list[str]  # sets sq from x
     finalize: list[str]  # sets stat from row_sum and inv_count
@@ -54,9 +56,10 @@ class RotaryNorm(_Model):
     element of the tensor's weight), the value the conventions' rotated symbols (q, q_pair, ...) hold.
     ``weights`` names one required input per rotated tensor, in order, in the I/O dtype: dims 'hidden'
     ([D]) over a head, 'heads hidden' ([H·D], the heads' channels in order, or [H, D]) over a token. The
-    sum runs across the lanes that share a head or token, with warp shuffles: the kernels serve head sizes
-    D whose D / (elements per 16-byte access, twice that for rotate_half pairs) is a power of two up to 32
-    (D = 8 to 256 in 16-bit dtypes), and the binding refuses others."""
+    sum runs across the lanes that share a head or token: D / (elements per 16-byte access, twice that for
+    rotate_half pairs) lanes, a power of two, with warp shuffles up to 32 (a token's; D = 8 to 256 in 16-bit
+    dtypes), and a head's across whole warps of one block too, up to the block's threads (LTX-Video's
+    C = 2048 as one head: 256 lanes); the binding refuses others."""
 
     over: Literal["head", "token"]
     weights: list[Identifier] = Field(min_length=1, max_length=2)
@@ -80,15 +83,26 @@ class RotaryNorm(_Model):
         check_symbols(self.finalize, {"row_sum", "inv_count"} | floats, "structure.norm.finalize", False)
         check_symbols(self.normed, {"x", "weight", "rstd"} | floats, "structure.norm.normed")
 
-    def refuses(self, shape: tuple[int, ...], elems: int, dtype: str) -> str | None:
+    def max_lanes(self, block_threads: int) -> int:
+        """The most lanes that sum a head or token: a warp's (a token's heads: one thread walks them), or a
+        head's whole warps, up to the largest power of two dividing the block's threads."""
+        return 32 if self.over == "token" else max(32, block_threads & -block_threads)
+
+    def lanes_doc(self, block_threads: int) -> str:
+        if self.over == "token":
+            return "of one warp"
+        return f"of one warp or whole warps of a {block_threads}-thread block"
+
+    def refuses(self, shape: tuple[int, ...], elems: int, dtype: str, block_threads: int) -> str | None:
         """The binding's head sizes: D / ``elems`` (an access's elements, twice that for rotate_half pairs)
-        lanes of one warp, a power of two up to 32."""
-        hidden = shape[-1]
-        if hidden % elems == 0 and 1 <= (lanes := hidden // elems) <= 32 and lanes & (lanes - 1) == 0:
+        lanes, a power of two up to max_lanes."""
+        hidden, most = shape[-1], self.max_lanes(block_threads)
+        if hidden % elems == 0 and 1 <= (lanes := hidden // elems) <= most and lanes & (lanes - 1) == 0:
             return None
         return (
-            f"the norm before the rotation serves head sizes D = {elems} · 2^k up to {32 * elems} in {dtype} "
-            f"(D / {elems} lanes of one warp sum a {self.over}), got D = {hidden} (shape {list(shape)})"
+            f"the norm before the rotation serves head sizes D = {elems} · 2^k up to {most * elems} in "
+            f"{dtype} (D / {elems} lanes {self.lanes_doc(block_threads)} sum a {self.over}), "
+            f"got D = {hidden} (shape {list(shape)})"
         )
 
     def gradients(self) -> dict[str, sp.Expr]:
@@ -111,7 +125,13 @@ class RotaryNorm(_Model):
         notes = {
             "norm": f"each {lanes} normalized before its rotation, in the same pass: a thread sums its "
             f"elements, then the lanes sharing the {self.over} (consecutive lanes of one warp) add theirs by "
-            "warp shuffles; "
+            "warp shuffles"
+            + (
+                " (a head wider than a warp: its warps' sums in shared memory, added in warp order behind a "
+                "barrier of the head's threads); "
+                if self.over == "head"
+                else "; "
+            )
             + (
                 "the thread's weights are read per head (L1 hits; see heads in flight)"
                 if self.over == "head"
@@ -145,9 +165,11 @@ class RotaryNorm(_Model):
             )
         return notes
 
-    def code(self, names: dict[str, str], inputs: dict[str, Tensor], backward: bool = False) -> NormCode:
+    def code(
+        self, names: dict[str, str], inputs: dict[str, Tensor], block_threads: int, backward: bool = False
+    ) -> NormCode:
         """The expressions printed for the kernel template (the norm's symbols are its functions'
-        arguments), with its backward's where ``backward``."""
+        arguments), with its backward's where ``backward``; the lanes a ``block_threads`` block serves."""
         symbols = ("x", "weight", "rstd", "row_sum", "inv_count", "grad_normed", "grad_row_sum")
         local = names | {s: s for s in symbols}
         gradient = None
@@ -161,6 +183,8 @@ class RotaryNorm(_Model):
             )
         return NormCode(
             self.over,
+            self.max_lanes(block_threads),
+            self.lanes_doc(block_threads),
             [inputs[n] for n in self.weights],
             statements({"sq": self.summand}, local),
             statements({"stat": self.finalize}, local),

@@ -59,10 +59,11 @@ def gelu_forward(kernel):
     return forward
 
 
-def fuses_qk_norms(q, norm_q, norm_k) -> bool:
+def fuses_qk_norms(q, norm_q, norm_k, over: str = "head") -> bool:
     """Whether an attention's q/k norms (torch.nn.RMSNorm) and the rotation after them run as one
     qk_norm_rope_* launch (in training too: each has a derived backward): one eps, both weights present in
-    q's dtype, and a head size D = q's last dim the kernel serves (interleaved pairs; _rotary_fit)."""
+    q's dtype, and a head size D = q's last dim the kernel serves (interleaved pairs, a norm ``over`` each
+    head or each token's heads: _rotary_fit)."""
     weights = norm_q.weight, norm_k.weight
     if (
         any(w is None or w.dtype != q.dtype for w in weights)
@@ -70,4 +71,4 @@ def fuses_qk_norms(q, norm_q, norm_k) -> bool:
         or norm_q.eps is None
     ):
         return False
-    return lanes_fit(q.shape[-1], q.element_size(), half_pairs=False)
+    return lanes_fit(q.shape[-1], q.element_size(), half_pairs=False, over=over)

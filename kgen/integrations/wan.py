@@ -203,7 +203,7 @@ class _Attention:
         def split(t):  # [B, S, H·D] -> [B, S, H, D]
             return t.unflatten(2, (attn.heads, -1))
 
-        if rotary_emb is not None and fuses_qk_norms(split(q), attn.norm_q, attn.norm_k):
+        if rotary_emb is not None and fuses_qk_norms(split(q), attn.norm_q, attn.norm_k, "token"):
             # norm_q, norm_k (across heads) and the rotation in one launch, over [B, H, S, D] views
             weights = attn.norm_q.weight, attn.norm_k.weight
             rotated = self.fused(

@@ -194,14 +194,14 @@ std::tuple<torch::Tensor, torch::Tensor> run_qk_norm_rope_flux(const torch::Tens
       : k.sizes() == x.sizes()), op, ": k must match x but for the head count (dim 1 of a 4-D x); x has shape ",
       shape_str(x.sizes()), ", k has ", shape_str(k.sizes()));
   const torch::Tensor k4 = as_bhtd(k);
-  // the norm before the rotation sums a head across consecutive lanes of one warp: D / (elements per
-  // 16-byte access) lanes, a power of two up to 32
+  // the norm before the rotation sums a head across consecutive lanes: D / (elements per
+  // 16-byte access) lanes, a power of two up to 256 (of one warp or whole warps of a 256-thread block)
   const int64_t norm_elems = 16 / int64_t(x.element_size()) * 1;
   const int64_t norm_lanes = hidden / norm_elems;
-  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,
+  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 256 && (norm_lanes & (norm_lanes - 1)) == 0, op,
                     ": the norm before the rotation serves head sizes D = ", std::to_string(norm_elems), " · 2^k up to ",
-                    std::to_string(32 * norm_elems), " in ", c10::toString(x.scalar_type()), " (D / ", std::to_string(norm_elems),
-                    " lanes of one warp sum a head), got D = ", std::to_string(hidden));
+                    std::to_string(256 * norm_elems), " in ", c10::toString(x.scalar_type()), " (D / ", std::to_string(norm_elems),
+                    " lanes of one warp or whole warps of a 256-thread block sum a head), got D = ", std::to_string(hidden));
   check_device(x_weight, op, "x_weight", x);
   TORCH_CHECK_TYPE(x_weight.scalar_type() == x.scalar_type(), op, ": x_weight has dtype ",
                    c10::toString(x_weight.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
@@ -472,14 +472,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> run_qk_no
   TORCH_CHECK_VALUE(k.sizes() == grad_k_out.sizes(), op, ": k must have the shape of grad_k_out, ",
                     shape_str(grad_k_out.sizes()), ", got ", shape_str(k.sizes()));
   const torch::Tensor k4 = as_bhtd(k);
-  // the norm before the rotation sums a head across consecutive lanes of one warp: D / (elements per
-  // 16-byte access) lanes, a power of two up to 32
+  // the norm before the rotation sums a head across consecutive lanes: D / (elements per
+  // 16-byte access) lanes, a power of two up to 256 (of one warp or whole warps of a 256-thread block)
   const int64_t norm_elems = 16 / int64_t(grad_out.element_size()) * 1;
   const int64_t norm_lanes = hidden / norm_elems;
-  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,
+  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 256 && (norm_lanes & (norm_lanes - 1)) == 0, op,
                     ": the norm before the rotation serves head sizes D = ", std::to_string(norm_elems), " · 2^k up to ",
-                    std::to_string(32 * norm_elems), " in ", c10::toString(grad_out.scalar_type()), " (D / ", std::to_string(norm_elems),
-                    " lanes of one warp sum a head), got D = ", std::to_string(hidden));
+                    std::to_string(256 * norm_elems), " in ", c10::toString(grad_out.scalar_type()), " (D / ", std::to_string(norm_elems),
+                    " lanes of one warp or whole warps of a 256-thread block sum a head), got D = ", std::to_string(hidden));
   check_device(x_weight, op, "x_weight", grad_out);
   TORCH_CHECK_TYPE(x_weight.scalar_type() == grad_out.scalar_type(), op, ": x_weight has dtype ",
                    c10::toString(x_weight.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));

@@ -217,14 +217,14 @@ std::tuple<torch::Tensor, torch::Tensor> run_qk_norm_rope(const torch::Tensor& x
                     sin3.size(2) == hidden, op, ": sin must have shape [B or 1, T, D] = [", std::to_string(batch),
                     " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(sin.sizes()));
   if (sin3.stride(2) != 1) sin3 = sin3.contiguous();
-  // the norm before the rotation sums a head across consecutive lanes of one warp: D / (elements per
-  // 16-byte access, times 2 for rotate_half pairs) lanes, a power of two up to 32
+  // the norm before the rotation sums a head across consecutive lanes: D / (elements per
+  // 16-byte access, times 2 for rotate_half pairs) lanes, a power of two up to 256 (of one warp or whole warps of a 256-thread block)
   const int64_t norm_elems = 16 / int64_t(x.element_size()) * 2;
   const int64_t norm_lanes = hidden / norm_elems;
-  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,
+  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 256 && (norm_lanes & (norm_lanes - 1)) == 0, op,
                     ": the norm before the rotation serves head sizes D = ", std::to_string(norm_elems), " · 2^k up to ",
-                    std::to_string(32 * norm_elems), " in ", c10::toString(x.scalar_type()), " (D / ", std::to_string(norm_elems),
-                    " lanes of one warp sum a head), got D = ", std::to_string(hidden));
+                    std::to_string(256 * norm_elems), " in ", c10::toString(x.scalar_type()), " (D / ", std::to_string(norm_elems),
+                    " lanes of one warp or whole warps of a 256-thread block sum a head), got D = ", std::to_string(hidden));
   check_device(x_weight, op, "x_weight", x);
   TORCH_CHECK_TYPE(x_weight.scalar_type() == x.scalar_type(), op, ": x_weight has dtype ",
                    c10::toString(x_weight.scalar_type()), " but x has ", c10::toString(x.scalar_type()));
@@ -497,14 +497,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> run_qk_no
                     sin3.size(2) == hidden, op, ": sin must have shape [B or 1, T, D] = [", std::to_string(batch),
                     " or 1, ", std::to_string(tokens), ", ", std::to_string(hidden), "], got ", shape_str(sin.sizes()));
   if (sin3.stride(2) != 1) sin3 = sin3.contiguous();
-  // the norm before the rotation sums a head across consecutive lanes of one warp: D / (elements per
-  // 16-byte access, times 2 for rotate_half pairs) lanes, a power of two up to 32
+  // the norm before the rotation sums a head across consecutive lanes: D / (elements per
+  // 16-byte access, times 2 for rotate_half pairs) lanes, a power of two up to 256 (of one warp or whole warps of a 256-thread block)
   const int64_t norm_elems = 16 / int64_t(grad_out.element_size()) * 2;
   const int64_t norm_lanes = hidden / norm_elems;
-  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,
+  TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 256 && (norm_lanes & (norm_lanes - 1)) == 0, op,
                     ": the norm before the rotation serves head sizes D = ", std::to_string(norm_elems), " · 2^k up to ",
-                    std::to_string(32 * norm_elems), " in ", c10::toString(grad_out.scalar_type()), " (D / ", std::to_string(norm_elems),
-                    " lanes of one warp sum a head), got D = ", std::to_string(hidden));
+                    std::to_string(256 * norm_elems), " in ", c10::toString(grad_out.scalar_type()), " (D / ", std::to_string(norm_elems),
+                    " lanes of one warp or whole warps of a 256-thread block sum a head), got D = ", std::to_string(hidden));
   check_device(x_weight, op, "x_weight", grad_out);
   TORCH_CHECK_TYPE(x_weight.scalar_type() == grad_out.scalar_type(), op, ": x_weight has dtype ",
                    c10::toString(x_weight.scalar_type()), " but grad_out has ", c10::toString(grad_out.scalar_type()));

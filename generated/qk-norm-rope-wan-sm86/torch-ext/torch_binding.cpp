@@ -194,8 +194,8 @@ std::tuple<torch::Tensor, torch::Tensor> run_qk_norm_rope_wan(const torch::Tenso
       : k.sizes() == x.sizes()), op, ": k must match x but for the head count (dim 1 of a 4-D x); x has shape ",
       shape_str(x.sizes()), ", k has ", shape_str(k.sizes()));
   const torch::Tensor k4 = as_bhtd(k);
-  // the norm before the rotation sums a token across consecutive lanes of one warp: D / (elements per
-  // 16-byte access) lanes, a power of two up to 32
+  // the norm before the rotation sums a token across consecutive lanes: D / (elements per
+  // 16-byte access) lanes, a power of two up to 32 (of one warp)
   const int64_t norm_elems = 16 / int64_t(x.element_size()) * 1;
   const int64_t norm_lanes = hidden / norm_elems;
   TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,
@@ -484,8 +484,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> run_qk_no
   TORCH_CHECK_VALUE(k.sizes() == grad_k_out.sizes(), op, ": k must have the shape of grad_k_out, ",
                     shape_str(grad_k_out.sizes()), ", got ", shape_str(k.sizes()));
   const torch::Tensor k4 = as_bhtd(k);
-  // the norm before the rotation sums a token across consecutive lanes of one warp: D / (elements per
-  // 16-byte access) lanes, a power of two up to 32
+  // the norm before the rotation sums a token across consecutive lanes: D / (elements per
+  // 16-byte access) lanes, a power of two up to 32 (of one warp)
   const int64_t norm_elems = 16 / int64_t(grad_out.element_size()) * 1;
   const int64_t norm_lanes = hidden / norm_elems;
   TORCH_CHECK_VALUE(hidden % norm_elems == 0 && norm_lanes >= 1 && norm_lanes <= 32 && (norm_lanes & (norm_lanes - 1)) == 0, op,

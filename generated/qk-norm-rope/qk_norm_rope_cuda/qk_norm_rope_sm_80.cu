@@ -9,7 +9,7 @@
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 1 head in flight per thread with a norm over each head (profile planner.rotary.heads_in_flight)
-//   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles; the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
+//   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles (a head wider than a warp: its warps' sums in shared memory, added in warp order behind a barrier of the head's threads); the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   tables: a token's cos and sin at the thread's channels held as loaded (16-bit elements two to a register), converted per head: fewer registers, more resident blocks (ptxas)
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
@@ -232,8 +232,10 @@ __device__ __forceinline__ void unpack(const Pack<S, ELEMS>& p, float* out) {
 // walks tokens with a stride; per token it gets cos and sin once (read from the tables),
 // then rotates those channels in heads [chunk · heads_per_thread, ...) of the rotated tensors (x's
 // heads, then k's), one head in flight. Index is 32-bit when every count fits.
+// WIDE: a head wider than a warp, its sums across the warps that hold it (a kernel of its own: the warp's
+// kernel keeps its registers).
 // ---------------------------------------------------------------------------------------------
-template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS, typename Index>
+template <typename T, typename TT, typename Fn, int ELEMS, bool VEC, int BLOCK_THREADS, typename Index, bool WIDE>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 qk_norm_rope_kernel(const QkNormRopeArgs args, Index chunks, Index heads_per_thread, Params params) {
   constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
@@ -244,9 +246,28 @@ qk_norm_rope_kernel(const QkNormRopeArgs args, Index chunks, Index heads_per_thr
   const Index slot_stride = Index(gridDim.x) * BLOCK_THREADS / groups;
   const int64_t c0 = int64_t(group) * ELEMS;  // first channel of this thread; its partners start at c0 + D/2
   const Index total_heads = Index(args.x_heads + args.k_heads);
-  // the norm: the lanes of this thread's head (groups consecutive lanes of one warp)
+  // the norm: the lanes of this thread's head (groups consecutive lanes of one warp, or whole warps of its block)
   const unsigned lane = threadIdx.x % 32u;
   const unsigned lanes_mask = groups >= 32 ? 0xffffffffu : ((1u << unsigned(groups)) - 1u) << (lane & ~(unsigned(groups) - 1u));
+  // A head wider than a warp (WIDE; the launcher: groups a power of two dividing BLOCK_THREADS) spans whole warps of
+  // one block: each warp's sum goes to shared memory, then every warp of the head adds them by shuffles (the same
+  // order in each), between two barriers of the head's threads alone (named barrier 1 + its place in the block:
+  // the heads of a block may walk a different number of tokens); the second lets the next sum write again.
+  // (Alternating two buffers instead, one barrier a sum, spilled 24 bytes at the plan's resident blocks.)
+  static_assert(BLOCK_THREADS / 64 <= 15, "the heads of a block need a named barrier each (1 to 15)");
+  __shared__ float warp_sums[WIDE ? BLOCK_THREADS / 32 : 1];
+  auto head_sum = [&](float v) {
+    v = lanes_sum(v, lanes_mask, WIDE ? 32 : int(groups));
+    if constexpr (WIDE) {
+      const unsigned warps = unsigned(groups) / 32u, place = threadIdx.x / unsigned(groups);
+      if (lane == 0) warp_sums[threadIdx.x / 32u] = v;
+      asm volatile("bar.sync %0, %1;" ::"r"(1u + place), "r"(unsigned(groups)) : "memory");
+      // lane i takes the head's warp i (the others 0, an exact addend); the warp's sum, the same on every lane
+      v = lanes_sum(lane < warps ? warp_sums[place * warps + lane] : 0.0f, 0xffffffffu, 32);
+      asm volatile("bar.sync %0, %1;" ::"r"(1u + place), "r"(unsigned(groups)) : "memory");
+    }
+    return v;
+  };
   // 1 / the elements normalized together, per rotated tensor, in fp32 (as the library's mean)
   const float inv_count[2] = {
       1.0f / float(args.hidden),
@@ -300,7 +321,7 @@ qk_norm_rope_kernel(const QkNormRopeArgs args, Index chunks, Index heads_per_thr
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < kCos; ++j) sum += Norm::summand(v[j], params);
-        const float rstd = Norm::statistic(lanes_sum(sum, lanes_mask, int(groups)), first ? inv_count[0] : inv_count[1], params);
+        const float rstd = Norm::statistic(head_sum(sum), first ? inv_count[0] : inv_count[1], params);
 #pragma unroll
         for (int j = 0; j < kCos; ++j) v[j] = Norm::template normed<T>(v[j], rstd, w[j], params);
       }
@@ -350,8 +371,9 @@ cudaError_t launch_config(const QkNormRopeArgs& args, const Params& params, cuda
   const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
   const int64_t threads_per_head = args.batch * args.tokens * groups;
   const int64_t total_heads = args.x_heads + args.k_heads;
-  // the norm sums across the lanes of a head with warp shuffles: a power of two up to a warp (the binding checks)
-  if (groups > 32 || (groups & (groups - 1)) != 0) return cudaErrorInvalidValue;
+  // the norm sums across the lanes of a head: a power of two up to a warp (warp shuffles), or whole warps dividing
+  // the block (the binding checks)
+  if ((groups & (groups - 1)) != 0 || (groups > 32 && BLOCK_THREADS % groups != 0)) return cudaErrorInvalidValue;
   const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(wave_threads, threads_per_head)));
   // as many chunks as hold a head, no thread without one (e.g. 40 heads in 17 chunks of <= 3 leave 3 empty)
   const int64_t chunks = ceil_div(total_heads, ceil_div(total_heads, wave_chunks));
@@ -372,8 +394,12 @@ cudaError_t launch_config(const QkNormRopeArgs& args, const Params& params, cuda
   };
   const cudaError_t err = indexed(chunks, heads_per_thread, blocks, [&](auto index) {
     using I = decltype(index);
-    qk_norm_rope_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
-        args, I(chunks), I(heads_per_thread), params);
+    if (groups > 32)  // a head across warps
+      qk_norm_rope_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I, true><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+          args, I(chunks), I(heads_per_thread), params);
+    else
+      qk_norm_rope_kernel<T, TT, Fn, ELEMS, VEC, BLOCK_THREADS, I, false><<<unsigned(blocks), BLOCK_THREADS, 0, stream>>>(
+          args, I(chunks), I(heads_per_thread), params);
   });
   return err;
 }
