@@ -86,14 +86,15 @@ def check_output_matches(config, served_ops, root, **overrides):
     before = calls.copy()
     kgen = output(model, inputs, torch.bfloat16)
     if not GPU:
-        rope = {"rope3d_coords": 4} if inputs.get("video_coords") is not None else {"rope3d_qk": 2}
+        # self-attention's q/k norms and rotation in one launch; with video_coords, rmsnorm then the rotation
+        coords = inputs.get("video_coords") is not None
+        rope = {"rope3d_coords": 4, "rmsnorm": 8} if coords else {"qk_norm_rope3d": 2, "rmsnorm": 4}
         ran = {name: calls[name] - before[name] for name in calls if calls[name] > before[name]}
         # norm1 of block 0; norm2 of each block and norm1 of block 1 with the residual before; norm_out with
         # the last
         assert ran == {
             "adaln_rmsnorm_diffusers": 1,
             "residual_adaln_rmsnorm_diffusers": 3,
-            "rmsnorm": 8,
             "residual_adaln_layernorm_diffusers": 1,
             "gelu_tanh": 2,
             **rope,
@@ -140,10 +141,10 @@ def test_training_mode_gradients_of_every_parameter_flow(served_ops, build_root)
             "residual_adaln_rmsnorm_backward_diffusers": 3,
             "residual_adaln_layernorm_diffusers": 1,
             "residual_adaln_layernorm_backward_diffusers": 1,
-            "rmsnorm": 8,
-            "rmsnorm_backward": 8,
-            "rope3d_qk": 2,
-            "rope3d_qk_backward": 2,
+            "rmsnorm": 4,
+            "rmsnorm_backward": 4,
+            "qk_norm_rope3d": 2,
+            "qk_norm_rope3d_backward": 2,
             "gelu_tanh": 2,
             "gelu_tanh_backward": 2,
         }
@@ -213,7 +214,7 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
         "adaln_rmsnorm_diffusers",
         "residual_adaln_rmsnorm_diffusers",
         "residual_adaln_layernorm_diffusers",
-        "rope3d_qk",
+        "qk_norm_rope3d",
         "gelu_tanh",
     ):
         assert op in code

@@ -138,7 +138,7 @@ def test_harness_times_each_workload_and_writes_the_table(target, reference_kern
             "silu_mul_transformers",
         } <= ran and "qk_norm_rope" not in ran
     if target == "ltx-train":
-        assert {"rmsnorm_backward", "rope3d_qk_backward", "gelu_tanh_backward"} <= ran
+        assert {"rmsnorm_backward", "qk_norm_rope3d_backward", "gelu_tanh_backward"} <= ran
     if target == "wan-train":  # (head size 12: the q/k norms and the rotation apart)
         assert {"adaln_layernorm_fp32_backward", "rope_wan_backward", "gelu_tanh_backward"} <= ran
     workloads = [row["workload"] for row in result["rows"]]

@@ -5,11 +5,12 @@ takes a Flux.1 (`FluxTransformer2DModel`, kgen.integrations.flux) or a Wan 2.x t
 In each block: norm1 and the AdaLN modulation after it -> adaln_rmsnorm, and from the second block on,
 fused with the residual add that ends the block before (`+ ff · gate`: a block hands the next one a
 `Pending` add, the last one hands it to norm_out -> residual_adaln_layernorm); attn2's residual add, norm2
-and its modulation -> residual_adaln_rmsnorm (one pass over the residual stream); in each attention, norm_q
-and norm_k (torch.nn.RMSNorm across heads) -> rmsnorm, and in self-attention the 3D rotary embedding ->
-rope3d_qk, q and k in one launch with the angles computed in the kernel from the latent grid (rope3d_coords
-from video_coords), so the model's rope no longer builds its two fp32 [B, S, C] tables; the FeedForward's
-GELU(approximate="tanh") -> gelu_tanh. Numerics: diffusers' own roundings (the ops' "diffusers"
+and its modulation -> residual_adaln_rmsnorm (one pass over the residual stream); in self-attention norm_q,
+norm_k (torch.nn.RMSNorm across heads) and the 3D rotary embedding -> qk_norm_rope3d, q and k read once and
+written once in one launch, the angles computed in the kernel from the latent grid (where the kernel serves
+C, else rmsnorm then rope3d_qk; with video_coords, rmsnorm then rope3d_coords), so the model's rope no
+longer builds its two fp32 [B, S, C] tables; in cross-attention norm_q and norm_k -> rmsnorm; the
+FeedForward's GELU(approximate="tanh") -> gelu_tanh. Numerics: diffusers' own roundings (the ops' "diffusers"
 conventions; torch.nn.RMSNorm's for the q/k norms, fp32 rotation rounded once as diffusers'
 apply_rotary_emb). Modules are matched by class name (diffusers' RMSNorm is not torch.nn.RMSNorm) and the
 whole structure is checked before anything changes.
@@ -28,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 from ..builder import PROGRESS, build_op, device_arch, load
 from ..errors import KgenError
 from . import flux, wan
-from ._diffusers_common import Pending, gelu_forward, refuse_hooks, rms_forward
+from ._diffusers_common import Pending, fuses_qk_norms, gelu_forward, refuse_hooks, rms_forward
 
 OPS = (
     "adaln_rmsnorm",
@@ -37,6 +38,7 @@ OPS = (
     "rmsnorm",
     "rope3d_qk",
     "rope3d_coords",
+    "qk_norm_rope3d",
     "gelu_tanh",
 )
 BLOCK, ATTENTION = "LTXVideoTransformerBlock", "LTXAttention"
@@ -163,6 +165,11 @@ def _latent_grid(
     )
 
 
+def _rope_params(grid: LatentGrid) -> tuple:
+    """rope3d's params after its tensors: the grid, theta, base sizes, scales and patch sizes."""
+    return (grid.frames, grid.height, grid.width, grid.theta, *grid.base, *grid.scales, *grid.patches)
+
+
 def _rotate(kernels, query, key, grid: LatentGrid):
     if grid.coords is not None:
         rope = kernels["rope3d_coords"].rope3d_coords
@@ -170,9 +177,7 @@ def _rotate(kernels, query, key, grid: LatentGrid):
             rope(query, grid.coords, grid.theta, *grid.base),
             rope(key, grid.coords, grid.theta, *grid.base),
         )
-    return kernels["rope3d_qk"].rope3d_qk(
-        query, key, grid.frames, grid.height, grid.width, grid.theta, *grid.base, *grid.scales, *grid.patches
-    )
+    return kernels["rope3d_qk"].rope3d_qk(query, key, *_rope_params(grid))
 
 
 def _rms(kernels, norm, x):
@@ -199,13 +204,23 @@ class _Attention:
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, context.shape[1], context.shape[0])
             attention_mask = attention_mask.view(context.shape[0], attn.heads, -1, attention_mask.shape[-1])
-        query = _rms(self.kernels, attn.norm_q, attn.to_q(hidden_states))
-        key = _rms(self.kernels, attn.norm_k, attn.to_k(context))
-        value = attn.to_v(context)
-        if isinstance(image_rotary_emb, LatentGrid):
-            query, key = _rotate(self.kernels, query, key, image_rotary_emb)
-        elif image_rotary_emb is not None:  # tables from an unpatched rope
-            query, key = apply_rotary_emb(query, image_rotary_emb), apply_rotary_emb(key, image_rotary_emb)
+        query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
+        grid = image_rotary_emb if isinstance(image_rotary_emb, LatentGrid) else None
+        if grid is not None and grid.coords is None and fuses_qk_norms(query, attn.norm_q, attn.norm_k):
+            # norm_q, norm_k and the rotation in one launch
+            weights = attn.norm_q.weight, attn.norm_k.weight
+            query, key = self.kernels["qk_norm_rope3d"].qk_norm_rope3d(
+                query, key, *weights, *_rope_params(grid), eps=attn.norm_q.eps
+            )
+        else:
+            query, key = _rms(self.kernels, attn.norm_q, query), _rms(self.kernels, attn.norm_k, key)
+            if grid is not None:
+                query, key = _rotate(self.kernels, query, key, grid)
+            elif image_rotary_emb is not None:  # tables from an unpatched rope
+                query, key = (
+                    apply_rotary_emb(query, image_rotary_emb),
+                    apply_rotary_emb(key, image_rotary_emb),
+                )
         heads = [t.unflatten(2, (attn.heads, -1)) for t in (query, key, value)]
         out = dispatch_attention_fn(
             *heads,
