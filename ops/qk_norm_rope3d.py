@@ -10,18 +10,17 @@ every token).
 Order: reference, the implementations it replaces, then the spec.
 """
 
-import sympy as sp
 import torch
+from _torch_rms_norm import EPS, torch_rms_norm
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, OpSpec, Param, Tensor, to_io_dtype
-from kgen.families.rotary import Rotary, RotaryNorm, inv_count, row_sum, rstd, weight
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.rotary import Rotary
 
 ROPE3D_QK = load_spec("rope3d_qk")  # the same grid angles, params and rotation of q and k
 rope3d_qk_ref = ROPE3D_QK.reference
 diffusers_rope3d_qk = next(iter(ROPE3D_QK.peers.values()))
 rmsnorm_ref = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
-x, eps = sp.symbols("x eps")
 
 
 def qk_norm_rope3d_ref(
@@ -71,19 +70,12 @@ spec = OpSpec(
         Tensor(name="out", dims="*rows hidden", role="output"),
         Tensor(name="k_out", dims="*rows hidden", role="output"),
     ],
-    params=[*ROPE3D_QK.params, Param(name="eps", default=1e-6, positive=True, doc="the norms' eps")],
+    params=[*ROPE3D_QK.params, EPS],
     structure=Rotary(
         pairing="interleaved",
         rotates=["x", "k"],
         grid=ROPE3D_QK.structure.grid,
-        # torch.nn.RMSNorm over C (one rotary head): mean(x²) as sum · (1/C), rstd · weight · x rounded once
-        norm=RotaryNorm(
-            over="head",
-            weights=["x_weight", "k_weight"],
-            summand=x**2,
-            finalize=1 / sp.sqrt(row_sum * inv_count + eps),
-            normed=to_io_dtype(x * rstd * weight),
-        ),
+        norm=torch_rms_norm("head"),  # torch.nn.RMSNorm, rounded once to the dtype
         conventions=[
             Convention(
                 name="single_rounding",

@@ -8,18 +8,17 @@ k read again, both weights' gradients summed over every head and token).
 Order: reference, the implementations it replaces, then the spec.
 """
 
-import sympy as sp
 import torch
+from _torch_rms_norm import EPS, torch_rms_norm
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, OpSpec, Param, Tensor, to_io_dtype
-from kgen.families.rotary import Rotary, RotaryNorm, inv_count, row_sum, rstd, weight
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.rotary import Rotary
 
 ROPE_FLUX = load_spec("rope_flux")  # the same grid angles and params
 rope_flux_ref = ROPE_FLUX.reference
 rmsnorm_ref = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
 diffusers_flux_rope = next(iter(ROPE_FLUX.peers.values()))
-x, eps = sp.symbols("x eps")
 
 
 def qk_norm_rope_flux_ref(
@@ -61,19 +60,12 @@ spec = OpSpec(
         Tensor(name="out", dims="*rows hidden", role="output"),
         Tensor(name="k_out", dims="*rows hidden", role="output"),
     ],
-    params=[*ROPE_FLUX.params, Param(name="eps", default=1e-6, positive=True, doc="the norms' eps")],
+    params=[*ROPE_FLUX.params, EPS],
     structure=Rotary(
         pairing="interleaved",
         rotates=["x", "k"],
         grid=ROPE_FLUX.structure.grid,
-        # torch.nn.RMSNorm: mean(x²) as sum · (1/D), rstd · weight · x rounded once (as rmsnorm prints it)
-        norm=RotaryNorm(
-            over="head",
-            weights=["x_weight", "k_weight"],
-            summand=x**2,
-            finalize=1 / sp.sqrt(row_sum * inv_count + eps),
-            normed=to_io_dtype(x * rstd * weight),
-        ),
+        norm=torch_rms_norm("head"),  # torch.nn.RMSNorm, rounded once to the dtype
         conventions=[
             Convention(
                 name="single_rounding",

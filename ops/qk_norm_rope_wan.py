@@ -9,18 +9,17 @@ statistic and backward sum, the inputs' gradients), a second summing the weights
 Order: reference, the implementations it replaces, then the spec.
 """
 
-import sympy as sp
 import torch
+from _torch_rms_norm import EPS, torch_rms_norm
 
 from kgen.catalog import load_spec
-from kgen.dsl import Convention, OpSpec, Param, Tensor, to_io_dtype
-from kgen.families.rotary import Rotary, RotaryNorm, inv_count, row_sum, rstd, weight
+from kgen.dsl import Convention, OpSpec, Tensor
+from kgen.families.rotary import Rotary
 
 ROPE_WAN = load_spec("rope_wan")  # the same grid angles and params
 rope_wan_ref = ROPE_WAN.reference
 diffusers_wan_rope = next(iter(ROPE_WAN.peers.values()))
 rmsnorm_ref = load_spec("rmsnorm").reference  # float64 x · rsqrt(mean(x²) + eps) · weight over the last dim
-x, eps = sp.symbols("x eps")
 
 
 def across_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,19 +75,12 @@ spec = OpSpec(
         Tensor(name="out", dims="*rows hidden", role="output"),
         Tensor(name="k_out", dims="*rows hidden", role="output"),
     ],
-    params=[*ROPE_WAN.params, Param(name="eps", default=1e-6, positive=True, doc="the norms' eps")],
+    params=[*ROPE_WAN.params, EPS],
     structure=Rotary(
         pairing="interleaved",
         rotates=["x", "k"],
         grid=ROPE_WAN.structure.grid,
-        # torch.nn.RMSNorm over H·D: mean(x²) as sum · (1/(H·D)), rstd · weight · x rounded once
-        norm=RotaryNorm(
-            over="token",
-            weights=["x_weight", "k_weight"],
-            summand=x**2,
-            finalize=1 / sp.sqrt(row_sum * inv_count + eps),
-            normed=to_io_dtype(x * rstd * weight),
-        ),
+        norm=torch_rms_norm("token"),  # torch.nn.RMSNorm, rounded once to the dtype
         conventions=[
             Convention(
                 name="single_rounding",
