@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), in order of need:
 # 1 LTX-Video end to end with the GPU's SM clock and power sampled through it (do the same GEMMs and attention
-# run slower in a denser step because the clock drops?), 2 Llama-3-8B end to end under CUDA graphs, 3 on an
+# run slower in a denser step because the clock drops?), 1b its training step, 2 Llama-3-8B end to end under CUDA graphs, 3 on an
 # H200 the whole suite and Qwen3-8B under CUDA graphs (issue 14's tables from one H200 run). About 15 minutes
 # after start-up on an H100, 27 on an H200. Run
 # from a tree of main; wheels the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in
@@ -27,6 +27,10 @@ fi
 timeout 480 python3 -m kgen bench --e2e ltx --profile --out "$R/e2e" --build-dir /tmp/kb 2>&1 | stamped > "$R/ltx.log"
 done_ "e2e ltx --profile" $?
 kill $SMI
+# 1b. LTX-Video's training step with qk_norm_rope3d's derived backward (one call forward, one backward, where
+#     rmsnorm ×2 + rope3d_qk made three and three)
+timeout 300 python3 -m kgen bench --e2e ltx-train --out "$R/e2e" --build-dir /tmp/kb > "$R/ltx-train.log" 2>&1
+done_ "e2e ltx-train" $?
 # 2. Llama-3-8B's prefill and decode step under CUDA graphs (its grouped decode attention, first timed here)
 timeout 480 python3 -m kgen bench --e2e llama --graphs --out "$R/e2e" --build-dir /tmp/kb > "$R/llama.log" 2>&1
 done_ "e2e llama --graphs" $?
