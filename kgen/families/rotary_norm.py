@@ -127,8 +127,8 @@ class RotaryNorm(_Model):
             f"elements, then the lanes sharing the {self.over} (consecutive lanes of one warp) add theirs by "
             "warp shuffles"
             + (
-                " (a head wider than a warp: its warps' sums in shared memory, added in warp order behind a "
-                "barrier of the head's threads); "
+                " (a head wider than a warp: its warps' sums in shared memory, added by shuffles between two "
+                "barriers of the head's threads); "
                 if self.over == "head"
                 else "; "
             )

@@ -9,7 +9,7 @@
 //   scalar path: otherwise the vector path's 4 elements per thread, one per access: correct for any alignment
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 1 head in flight per thread with a norm over each head (profile planner.rotary.heads_in_flight)
-//   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles (a head wider than a warp: its warps' sums in shared memory, added in warp order behind a barrier of the head's threads); the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
+//   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles (a head wider than a warp: its warps' sums in shared memory, added by shuffles between two barriers of the head's threads); the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
 //   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
