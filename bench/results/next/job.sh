@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), in order of need:
-# 1 LTX-Video end to end with the GPU's SM clock and power sampled through it (do the same GEMMs and attention
+# 0 rope3d's angles shared by the batch (a patch, measured against main), 1 LTX-Video end to end with the GPU's SM clock and power sampled through it (do the same GEMMs and attention
 # run slower in a denser step because the clock drops?), 1b its training step, 2 Llama-3-8B end to end under CUDA graphs, 3 on an
 # H200 the whole suite and Qwen3-8B under CUDA graphs (issue 14's tables from one H200 run). About 15 minutes
 # after start-up on an H100, 27 on an H200. Run
@@ -15,6 +15,21 @@ done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
 stamped() { while IFS= read -r line; do echo "$(date +%s.%N) $line"; done; }
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
+# 0. rope3d's angles shared by the batch (batch-angles.patch: a thread takes every batch's heads of its token
+#    where the angles depend on the grid alone): the patched tree's rotary GPU tests, then its builds against
+#    main's (forward and derived backward, outputs compared bitwise)
+P=/tmp/tree-batch
+rm -rf $P && cp -r . $P && (cd $P && patch -p1 < bench/results/next/batch-angles.patch) > "$R/patch.log" 2>&1
+rm -rf /tmp/kbp && cp -r /tmp/kb /tmp/kbp  # main's builds of the other ops, for the tests' fixtures
+(cd $P && python3 -m kgen build rope3d rope3d_qk qk_norm_rope3d rope_wan --arch sm_90 --compile --out /tmp/kbp) \
+  > "$R/build-batch.log" 2>&1
+(cd $P && KGEN_TEST_BUILD_ROOT=/tmp/kbp PYTHONPATH=$P:/tmp/site timeout 300 python3 -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_rotary_gpu.py tests/test_rotary_norm_gpu.py tests/test_errors_gpu.py \
+  tests/test_backward_gpu.py -k "rope3d or rope_wan") > "$R/t-batch.log" 2>&1
+done_ "tests batch angles" $?
+timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbp rope3d rope3d_qk qk_norm_rope3d rope_wan \
+  > "$R/variants-batch.md" 2>&1
+done_ "variants batch angles" $?
 # 1. LTX-Video with the clock: nvidia-smi samples every 100 ms, the log's lines stamped with the same clock
 Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 nvidia-smi --query-gpu=$Q,clocks_event_reasons.active --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
