@@ -74,7 +74,7 @@ def rope3d_ref(
 
 
 # (the inputs' shapes, params) of each call
-CASES = [({'x': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 64)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 100)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 1024)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 2048)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 4096)}, {'frames': 2, 'height': 3, 'width': 4}), ]
+CASES = [({'x': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 64)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 100)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 2048)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 4096)}, {'frames': 2, 'height': 3, 'width': 4}), ]
 # every float param away from its default: a param the kernel ignored would show
 OTHER_PARAMS = {'theta': 20000.5, 'base_frames': 40.5, 'base_height': 4096.5, 'base_width': 4096.5, 'scale_t': 1.1400000000000001, 'scale_h': 64.5, 'scale_w': 64.5, 'patch_t': 2.5, 'patch': 2.5}
 
