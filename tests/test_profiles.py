@@ -27,6 +27,18 @@ def test_shipped_profiles():
     assert "not measured" in a10g.planner.basis and "measured on the H200" in hopper.planner.basis
 
 
+def test_rotary_head_sizes_assume_every_profiles_block():
+    """The q/k norm head sizes the integrations choose by, and the rotary family's example heads, assume
+    a block of 256 threads and 16-byte accesses: every shipped profile's (a launcher reads its own)."""
+    from kgen.families import rotary
+    from kgen.integrations import _rotary_fit
+
+    for arch in arch_names():
+        profile = load_profile(arch)
+        assert profile.planner.block_threads == rotary.BLOCK_THREADS == _rotary_fit.BLOCK_THREADS, arch
+        assert profile.max_access_bytes == rotary.ACCESS_BYTES == _rotary_fit.ACCESS_BYTES, arch
+
+
 def test_every_number_has_a_source_comment():
     for path in data_dir("arch").glob("*.toml"):
         for line in path.read_text().splitlines():

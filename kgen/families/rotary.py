@@ -40,6 +40,9 @@ from .rotary_backward import backward_spec, cos, cos_pair, sign, sin, sin_pair  
 from .rotary_grid import COORDINATES, GridAngles, GridCode, coord, freq, k, n_freq  # noqa: F401 (the specs' names)
 from .rotary_norm import WEIGHT_DIMS, NormCode, RotaryNorm, inv_count, row_sum, rstd, weight  # noqa: F401
 
+# every arch profile's planner.block_threads and max_access_bytes (tests/test_profiles.py): the example heads
+BLOCK_THREADS, ACCESS_BYTES = 256, 16
+
 
 class Rotary(Structure):
     """Pairwise rotation of each tensor in ``rotates`` (q, and optionally k: required '*rows hidden' inputs
@@ -511,10 +514,11 @@ class RotaryFamily(Family):
         else:
             cases = grid.example_cases()
         if norm := spec.structure.norm:  # the head sizes a norm serves in every dtype (16-byte accesses)
-            per = 2 if spec.structure.pairing == "half" else 1
-            threads = 256  # every arch profile's planner.block_threads
+            lane = ACCESS_BYTES * (2 if spec.structure.pairing == "half" else 1)  # bytes a lane keeps
             return [
-                c for c in cases if not any(norm.refuses(c.shape, 16 // e * per, "", threads) for e in (2, 4))
+                c
+                for c in cases
+                if not any(norm.refuses(c.shape, lane // e, "", BLOCK_THREADS) for e in (2, 4))
             ]
         return cases
 
