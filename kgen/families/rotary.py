@@ -67,6 +67,11 @@ class Rotary(Structure):
         return bool(self.tables) and self.pairing == "half"
 
     @property
+    def batch_shares_angles(self) -> bool:  # grid angles of the token's place alone; no norm's sum per batch
+        by_token = self.norm is not None and self.norm.over == "token"
+        return bool(self.grid) and not self.grid.coordinates_input and not self.norm_inputs and not by_token
+
+    @property
     def split_shares(self) -> bool:  # a head norm's two weights: chunks may split by tensor (the plan's)
         return self.norm_inputs is not None and self.norm.over == "head" and len(self.rotates) > 1
 
@@ -279,10 +284,11 @@ class RotaryFamily(Family):
             )
         if grid := spec.structure.grid:
             why = "as the matched library's float64 tables" if grid.precision == "float64" else "the default"
+            every = " and by every batch (a thread takes every batch's heads of its token)"
             notes["angles"] = (
                 f"computed in the kernel in {grid.precision} ({why}): a thread's frequencies once (it keeps "
-                "its channels), sin and cos once per token, shared by every head and rotated tensor; "
-                "no table read"
+                "its channels), sin and cos once per token, shared by every head and rotated tensor"
+                f"{every * spec.structure.batch_shares_angles}; no table read"
             )
         return RotaryPlan(
             spec.name,
@@ -396,6 +402,7 @@ class RotaryFamily(Family):
         batch, heads, tokens, hidden = self._layout(spec, case)
         groups, total, wave = hidden // per_thread, sum(heads), kernel.wave_threads
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
+        batch = 1 if spec.structure.batch_shares_angles else batch  # (a thread walks every batch's heads)
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
         per = -(-total // chunks)
         if split := kernel.split_shares:  # a thread keeps its chunk: threads in groups × chunks

@@ -10,7 +10,7 @@
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 1 head in flight per thread with a norm over each head (profile planner.rotary.heads_in_flight)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles (a head wider than a warp: its warps' sums in shared memory, added by shuffles between two barriers of the head's threads); the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
-//   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
+//   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor and by every batch (a thread takes every batch's heads of its token); no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
 //   bfloat16: 8 elem/access, 8 elem/access; 256 threads/block
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 qk_norm_rope3d_kernel(const QkNormRope3DArgs args, Index chunks, Index heads_per_thread, Params params) {
   constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
   const Index groups = Index(args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS));
-  const Index slots = Index(args.batch * args.tokens) * chunks;  // (token, chunk of heads) pairs
+  const Index slots = Index(args.tokens) * chunks;  // (token, chunk of heads) pairs, every batch's at once
   const Index g = Index(blockIdx.x) * BLOCK_THREADS + threadIdx.x;
   const Index group = g % groups;  // fixed: the launcher makes the thread count a multiple of groups
   const Index slot_stride = Index(gridDim.x) * BLOCK_THREADS / groups;
@@ -342,7 +342,8 @@ qk_norm_rope3d_kernel(const QkNormRope3DArgs args, Index chunks, Index heads_per
   for (Index slot = g / groups; slot < slots; slot += slot_stride) {
     const Index chunk = chunks == 1 ? 0 : slot % chunks;
     const Index token = chunks == 1 ? slot : slot / chunks;
-    const Index b = token / Index(args.tokens), t = token - b * Index(args.tokens);
+    Index b = 0;  // the batch the heads below belong to: each in turn, sharing the token's angles
+    const Index t = token;
     float cos_f[kCos], sin_f[kCos];
     {
       // this token's grid position, row-major over the sizes
@@ -414,12 +415,16 @@ qk_norm_rope3d_kernel(const QkNormRope3DArgs args, Index chunks, Index heads_per
     };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
-    // one head in flight: fewer registers, more resident warps (loading the next head before this one's math
-    // cost a block per SM and 4-10 % at Flux's and Llama's shapes: bench/results/rotary-prefetch-2026-12-04)
-    for (; head < head_end; ++head) {
-      float v0[kCos];
-      load(head, v0);
-      rotate_store(head, v0);
+    const Index first_head = head;
+    for (; b < Index(args.batch); ++b) {  // every batch's heads at this token: the same cos and sin
+      head = first_head;
+      // one head in flight: fewer registers, more resident warps (loading the next head before this one's math
+      // cost a block per SM and 4-10 % at Flux's and Llama's shapes: bench/results/rotary-prefetch-2026-12-04)
+      for (; head < head_end; ++head) {
+        float v0[kCos];
+        load(head, v0);
+        rotate_store(head, v0);
+      }
     }
   }
 }
@@ -437,7 +442,7 @@ cudaError_t launch_config(const QkNormRope3DArgs& args, const Params& params, cu
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.
   const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
-  const int64_t threads_per_head = args.batch * args.tokens * groups;
+  const int64_t threads_per_head = args.tokens * groups;  // every batch's heads of a token in one thread's walk
   const int64_t total_heads = args.x_heads + args.k_heads;
   // the norm sums across the lanes of a head: a power of two up to a warp (warp shuffles), or whole warps dividing
   // the block (the binding checks)

@@ -9,7 +9,7 @@
 //   scalar path: otherwise one pair per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 2 heads in flight per thread with interleaved pairs, all loaded before the first is stored, held as loaded until their math (profile planner.rotary.heads_in_flight)
-//   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
+//   angles: computed in the kernel in float32 (the default): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor and by every batch (a thread takes every batch's heads of its token); no table read
 //   float32: 4 elem/access, 2 elem/access; 256 threads/block
 //   float16: 8 elem/access, 2 elem/access; 256 threads/block
 #include "rope3d_backward.h"
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 rope3d_backward_kernel(const Rope3DBackwardArgs args, Index chunks, Index heads_per_thread, Params params) {
   constexpr int kCos = kHalfPairs ? 2 * ELEMS : ELEMS;  // the elements a thread rotates per head
   const Index groups = Index(args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS));
-  const Index slots = Index(args.batch * args.tokens) * chunks;  // (token, chunk of heads) pairs
+  const Index slots = Index(args.tokens) * chunks;  // (token, chunk of heads) pairs, every batch's at once
   const Index g = Index(blockIdx.x) * BLOCK_THREADS + threadIdx.x;
   const Index group = g % groups;  // fixed: the launcher makes the thread count a multiple of groups
   const Index slot_stride = Index(gridDim.x) * BLOCK_THREADS / groups;
@@ -272,7 +272,8 @@ rope3d_backward_kernel(const Rope3DBackwardArgs args, Index chunks, Index heads_
   for (Index slot = g / groups; slot < slots; slot += slot_stride) {
     const Index chunk = chunks == 1 ? 0 : slot % chunks;
     const Index token = chunks == 1 ? slot : slot / chunks;
-    const Index b = token / Index(args.tokens), t = token - b * Index(args.tokens);
+    Index b = 0;  // the batch the heads below belong to: each in turn, sharing the token's angles
+    const Index t = token;
     float cos_f[kCos], sin_f[kCos];
     {
       // this token's grid position, row-major over the sizes
@@ -344,12 +345,16 @@ rope3d_backward_kernel(const Rope3DBackwardArgs args, Index chunks, Index heads_
     };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
-    for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
-      const Held h0 = fetch(head), h1 = fetch(head + 1);
-      rotate_held(head, h0);
-      rotate_held(head + 1, h1);
+    const Index first_head = head;
+    for (; b < Index(args.batch); ++b) {  // every batch's heads at this token: the same cos and sin
+      head = first_head;
+      for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
+        const Held h0 = fetch(head), h1 = fetch(head + 1);
+        rotate_held(head, h0);
+        rotate_held(head + 1, h1);
+      }
+      if (head < head_end) rotate_held(head, fetch(head));
     }
-    if (head < head_end) rotate_held(head, fetch(head));
   }
 }
 // One full wave of threads on the current device, its SMs × kThreadsPerSm (e.g. H100 PCIe 114 SMs where the
@@ -366,7 +371,7 @@ cudaError_t launch_config(const Rope3DBackwardArgs& args, const Params& params, 
   // Heads per thread: all of them (cos and sin fetched once per token) unless that leaves fewer
   // threads than one full wave; then the heads are split into chunks.
   const int64_t groups = args.hidden / (kHalfPairs ? 2 * ELEMS : ELEMS);
-  const int64_t threads_per_head = args.batch * args.tokens * groups;
+  const int64_t threads_per_head = args.tokens * groups;  // every batch's heads of a token in one thread's walk
   const int64_t total_heads = args.grad_out_heads;
   const int64_t wave_chunks = std::min(total_heads, std::max<int64_t>(1, ceil_div(wave_threads, threads_per_head)));
   // as many chunks as hold a head, no thread without one (e.g. 40 heads in 17 chunks of <= 3 leave 3 empty)
