@@ -151,8 +151,8 @@ SIZES = {
     "families/row_reduce.py": 725,  # the one-reduction steps of the ladder (a profile fact, validated)
     # example_input(s): the inputs a family draws (labels, a saved loss, probes); refuses: a binding's shapes
     "families/base.py": 433,
-    # rotary: refuses, the binding's shape checks; a stale tuning entry named; the example heads a norm serves;
-    # the grid angles a batch shares
+    # rotary: refuses, the binding's shape checks; a stale tuning entry named; the example heads a norm
+    # serves; the grid angles a batch shares
     "families/rotary.py": 575,
     "families/rotary_backward.py": 140,
     "families/rotary_grid.py": 200,
