@@ -196,6 +196,47 @@ def test_rotary_split_shares(op, split):
 
 
 @pytest.mark.parametrize(
+    "op, pass_, shares",
+    [
+        ("rope3d", "forward", True),
+        ("rope3d", "backward", True),  # the rotation by -θ: the same angles
+        ("rope3d_qk", "forward", True),
+        ("qk_norm_rope3d", "forward", True),
+        ("qk_norm_rope3d", "backward", False),  # the norm's backward sums per batch
+        ("rope_wan", "forward", True),
+        ("qk_norm_rope_wan", "forward", False),  # a norm over a token sums per batch
+        ("rope3d_coords", "forward", False),  # coordinates given per batch
+        ("rope_flux", "forward", False),
+        ("rope", "forward", False),  # tables, no grid
+    ],
+)
+def test_rotary_grid_angles_shared_by_the_batch(op, pass_, shares):
+    """Where the grid angles depend on the token's place alone, a thread takes every batch's heads of its
+    token (its angles computed once): the structure's rule, the rendered kernel's walk, the plan's note and
+    explain's grid (half the walked tokens at B = 2) agree."""
+    from kgen.builder import render_target
+    from kgen.catalog import backward_spec
+    from kgen.families import family_of
+    from kgen.project import resolve_target
+
+    spec = load_spec(op) if pass_ == "forward" else backward_spec(op)
+    assert spec.structure.batch_shares_angles == shares
+    name = op if pass_ == "forward" else f"{op}_backward"
+    source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{name}.cu"]
+    assert ("for (; b < Index(args.batch); ++b) {" in source) == shares
+    profile = load_profile("sm_90")
+    plan = plan_kernel(spec, profile, "bfloat16")
+    assert ("by every batch" in plan.notes.get("angles", "")) == shares
+    rest = family_of(spec).example_cases(spec)[0].shape[1:]  # a batch's shape
+    walks = [
+        {c[0]: c[2] for c in plan_launch(spec, profile, "bfloat16", (b, *rest)).choices}["grid"]
+        for b in (1, 2)
+    ]
+    assert ("with its 2 batches' heads" in walks[1]) == shares
+    assert (walks[0].split(" tokens")[0] == walks[1].split(" tokens")[0]) == shares
+
+
+@pytest.mark.parametrize(
     "op, pass_, device_wave",
     [
         ("rope", "forward", True),

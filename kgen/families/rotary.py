@@ -402,7 +402,8 @@ class RotaryFamily(Family):
         batch, heads, tokens, hidden = self._layout(spec, case)
         groups, total, wave = hidden // per_thread, sum(heads), kernel.wave_threads
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
-        batch = 1 if spec.structure.batch_shares_angles else batch  # (a thread walks every batch's heads)
+        together = batch if spec.structure.batch_shares_angles else 1  # the batches a thread takes at once
+        batch //= together
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
         per = -(-total // chunks)
         if split := kernel.split_shares:  # a thread keeps its chunk: threads in groups × chunks
@@ -417,10 +418,11 @@ class RotaryFamily(Family):
         why = (
             f"{batch * tokens} tokens × {groups} channel groups ({per_thread} elements a thread"
             + (", an access of each half" if spec.structure.pairing == "half" else "")
-            + f") × {chunks} chunk{'s' if chunks > 1 else ''} of ≤ {per} of the {total} heads "
-            + f"({' + '.join(map(str, heads))})" * (len(heads) > 1)
+            + f") × {chunks} chunk{'s' if chunks > 1 else ''} of ≤ {per} of the {total} heads"
+            + f" ({' + '.join(map(str, heads))})" * (len(heads) > 1)
             + f" = {items} threads, in blocks of {threads}; at most one full wave ({wave // threads} blocks: "
             f"{wave} threads), threads walking tokens"
+            + f" (each token with its {together} batches' heads)" * (together > 1)
             + ("" if kernel.notes.get("weight gradients") else "; a launch counts its device's SMs")
         )
         if blocks > wave // threads:  # the grid's threads a multiple of keep
