@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -252,8 +253,9 @@ def _op_list(ops: list[str] | None, all_: bool) -> list[str]:
 
 
 def _shape(text: str) -> tuple[int, ...]:
+    """8192x4096, or as the tables and torch print shapes: 2×8064×2048, 2,8064,2048, [2, 8064, 2048]."""
     try:
-        dims = [int(d) for d in text.lower().split("x")]
+        dims = [int(d) for d in re.split(r"\s*[x×,]\s*", text.lower().strip(" []()"))]
     except ValueError:
         raise UsageError(f"--shape must look like 8192x4096 (leading dims x hidden), got {text!r}") from None
     if not dims or any(d < 1 for d in dims):
@@ -307,7 +309,8 @@ def explain(
     shape: Annotated[
         Optional[str],
         typer.Option(
-            "--shape", help="e.g. 8192x4096 or 2x4096x3072 (default: the op's first benchmark shape)"
+            "--shape",
+            help="e.g. 8192x4096, 2x4096x3072 or 2×8064×2048 (default: the op's first benchmark shape)",
         ),
     ] = None,
     backward: Annotated[

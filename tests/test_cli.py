@@ -96,6 +96,16 @@ def test_explain_the_derived_backward():
     assert "halved to 512" in adaln.output and "264 blocks" in adaln.output
 
 
+@pytest.mark.parametrize(
+    "text", ["2x8064x2048", "2X8064X2048", "2×8064×2048", "2,8064,2048", "[2, 8064, 2048]"]
+)
+def test_shape_as_tables_and_torch_print_it(text):
+    """--shape takes a shape as BENCHMARKS.md's tables write it (×) and as torch prints it, the same plan."""
+    result = run("explain", "rope3d", "--shape", text)
+    assert result.exit_code == 0, result.output
+    assert "8064 tokens × 256 channel groups" in result.output.replace("\n", " ")
+
+
 def test_user_errors_exit_2_with_a_message():
     cases = [
         (
@@ -104,6 +114,8 @@ def test_user_errors_exit_2_with_a_message():
         ),
         (("build", "rmsnorm", "--arch", "sm_75", "--dtype", "bfloat16"), "has no bfloat16 arithmetic"),
         (("explain", "rmsnorm", "--shape", "8192xabc"), "--shape must look like 8192x4096"),
+        (("explain", "rmsnorm", "--shape", "8192x"), "--shape must look like 8192x4096"),
+        (("explain", "rmsnorm", "--shape", "8192x0"), "--shape dims must be >= 1"),
         (("explain", "layernorm2"), "unknown op 'layernorm2'"),
         (("build", "rmsnorm", "--arch", "sm_101"), "unknown arch 'sm_101'"),
         (("build",), "give op names (`kgen list` shows them) or --all"),
