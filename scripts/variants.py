@@ -6,7 +6,7 @@ with its largest difference relative to the base output's largest magnitude). Fo
 change measured before it lands: build the ops from each tree (`kgen build OPS --arch sm_90 --compile
 --out DIR`), then
 
-python3 scripts/variants.py BASE NEW OP... [--largest] [--forward]
+python3 scripts/variants.py BASE NEW OP... [--largest] [--forward] [--case SHAPE [NAME=VALUE ...]]
 
 prints a Markdown table (base / new > 1: the new build is faster)."""
 
@@ -26,6 +26,14 @@ def main() -> None:
     parser.add_argument("ops", nargs="+")
     parser.add_argument("--largest", action="store_true", help="only each op's largest suite shape")
     parser.add_argument("--forward", action="store_true", help="the forward only, not the derived backward")
+    parser.add_argument(
+        "--case",
+        nargs="+",
+        action="append",
+        metavar="SHAPE [NAME=VALUE]",
+        help="a shape outside the suite with its params, e.g. --case 16x64x2048 frames=1 height=8 width=8 "
+        "(repeatable; instead of the suite's)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -34,6 +42,15 @@ def main() -> None:
     from kgen.bench import Timer, example_inputs
     from kgen.builder import device_arch, load
     from kgen.catalog import backward_spec, load_spec, suite
+    from kgen.families.base import Case
+
+    given = [
+        Case(
+            tuple(int(d) for d in shape.split("x")),
+            params=tuple((k, float(v)) for k, v in (p.split("=") for p in params)),
+        )
+        for shape, *params in args.case or []
+    ]
 
     def differences(spec, base, new) -> str:
         """ "yes" where every output is bitwise the base build's, else each differing output with its largest
@@ -62,7 +79,7 @@ def main() -> None:
             v: load(root / f"{op.replace('_', '-')}-sm{arch}")
             for v, root in (("base", args.base), ("new", args.new))
         }
-        cases = suite(op)
+        cases = given or suite(op)
         for case in [max(cases, key=lambda c: math.prod(c.shape))] if args.largest else cases:
             for spec in (load_spec(op), None if args.forward else backward_spec(op)):
                 if spec is None:
