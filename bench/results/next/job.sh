@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), in order of need:
-# 1 LTX-Video's training step under the profiler (where the compiled step still loses to its 1.03x goal),
+# 0 rope3d's shared angles only where a batch's tokens fill a wave (a patch, against main), 1 LTX-Video's
+# training step under the profiler (where the compiled step still loses to its 1.03x goal),
 # 2 on an H200 only: the whole suite, Qwen3-8B under CUDA graphs and LTX-Video (issue 14's tables from one H200
-# run). About 5 minutes after start-up on an H100, 20 on an H200. Run from a tree of main; wheels the machine
+# run). About 10 minutes after start-up on an H100, 25 on an H200. Run from a tree of main; wheels the machine
 # lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in $WHEELS (default .whl/ of the tree).
 # Writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
@@ -13,6 +14,23 @@ nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=cs
 done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
+# 0. rope3d's shared angles only where a batch's tokens fill a wave (batch-run.patch): the patched tree's rotary GPU
+#    tests, then its builds against main's at the suite's shapes and at few tokens of many batches
+P=/tmp/tree-run
+rm -rf $P && cp -r . $P && (cd $P && patch -p1 < bench/results/next/batch-run.patch) > "$R/patch.log" 2>&1
+rm -rf /tmp/kbp && cp -r /tmp/kb /tmp/kbp  # main's builds of the other ops, for the tests' fixtures
+(cd $P && python3 -m kgen build rope3d rope3d_qk qk_norm_rope3d rope_wan --arch sm_90 --compile --out /tmp/kbp) \
+  > "$R/build-run.log" 2>&1
+(cd $P && KGEN_TEST_BUILD_ROOT=/tmp/kbp PYTHONPATH=$P:/tmp/site timeout 300 python3 -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_rotary_gpu.py tests/test_rotary_norm_gpu.py tests/test_errors_gpu.py \
+  tests/test_backward_gpu.py -k "rope3d or rope_wan") > "$R/t-run.log" 2>&1
+done_ "tests batch run" $?
+timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbp rope3d rope3d_qk qk_norm_rope3d --forward \
+  > "$R/variants-run.md" 2>&1
+timeout 120 python3 scripts/variants.py /tmp/kb /tmp/kbp rope3d rope3d_qk qk_norm_rope3d --forward \
+  --case 16x64x2048 frames=1 height=8 width=8 --case 8x256x2048 frames=1 height=16 width=16 \
+  --case 4x1024x2048 frames=4 height=16 width=16 > "$R/variants-run-few.md" 2>&1
+done_ "variants batch run" $?
 # 1. LTX-Video's training step with each variant's kernel table (GPU idle time: host-bound or not)
 timeout 360 python3 -m kgen bench --e2e ltx-train --profile --out "$R/e2e" --build-dir /tmp/kb > "$R/ltx-train.log" 2>&1
 done_ "e2e ltx-train --profile" $?
