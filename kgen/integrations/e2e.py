@@ -5,12 +5,16 @@ the variants interleaved within a round. A training workload also reports each v
 step: the most allocated above what was allocated when the step began, its gradients freed (activations,
 gradients and workspaces; the weights excluded). With ``profile``, one more call of each variant runs under
 torch.profiler and the report adds its kernel table: GPU time in matrix products and attention against
-everything else (the memory-bound kernels kgen competes with), and the costliest of the latter."""
+everything else (the memory-bound kernels kgen competes with), and the costliest of the latter. On a GPU with
+nvidia-smi, each variant's mean SM clock and power while it was timed (gpu_clock), since a board at its power
+limit runs a denser step at a lower clock."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import re
 import statistics
 import time
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import KgenError
+from .gpu_clock import sampler
 from .workloads import BUILDERS, TRAINING
 
 WARMUP = 3
@@ -98,6 +103,13 @@ def _kernel_table(torch, fn: Callable[[], object], grad: bool) -> dict:
     return {"matmul us": matmul, "other us": other, "span us": span, "kernels": table}
 
 
+def _smi_id(torch) -> str:
+    """nvidia-smi's index of the current CUDA device (CUDA_VISIBLE_DEVICES renumbers torch's)."""
+    index = torch.cuda.current_device()
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
 def run_e2e(
     target: str,
     *,
@@ -142,23 +154,28 @@ def run_e2e(
         for name, (base, goal) in (TRAINING_GOALS if training else GOALS).items()
         if name.split(" vs ")[0] in variants and base in variants
     }
-    rows = []
-    for workload, run in workloads.items():
-        times = {v: [] for v in variants}
-        for i in range(rounds):
-            for variant in variants:  # each logged when timed: a crash's log says how far the run got
-                step = functools.partial(run, models[variant])
-                times[variant].append(_median_ms(torch, device, repeats, step, grad=training))
-                log(f"{workload}: round {i + 1}/{rounds}, {variant} {times[variant][-1]:.2f} ms")
-        row = {"workload": workload, **{f"{v} ms": statistics.median(t) for v, t in times.items()}}
-        for name, (base, _) in goals.items():
-            row[f"{name} speed-up"] = row[f"{base} ms"] / row[f"{name.split(' vs ')[0]} ms"]
-        if training and device == "cuda":
-            for variant in variants:
-                with torch.enable_grad():
+    rows, clocks = [], sampler(device, _smi_id(torch) if device == "cuda" else "0")
+    with clocks or contextlib.nullcontext():
+        for workload, run in workloads.items():
+            times, windows = {v: [] for v in variants}, {v: [] for v in variants}
+            for i in range(rounds):
+                for variant in variants:  # each logged when timed: a crash's log says how far the run got
                     step = functools.partial(run, models[variant])
-                    row[f"{variant} peak GiB"] = _peak_gib(torch, models[variant], step)
-        rows.append(row)
+                    times[variant].append(_median_ms(torch, device, repeats, step, grad=training))
+                    end = time.monotonic()  # the timed runs' window (after the warm-up's, a compile's)
+                    windows[variant].append((end - repeats * times[variant][-1] / 1e3, end))
+                    log(f"{workload}: round {i + 1}/{rounds}, {variant} {times[variant][-1]:.2f} ms")
+            row = {"workload": workload, **{f"{v} ms": statistics.median(t) for v, t in times.items()}}
+            for name, (base, _) in goals.items():
+                row[f"{name} speed-up"] = row[f"{base} ms"] / row[f"{name.split(' vs ')[0]} ms"]
+            if clocks and (seen := {v: c for v in variants if (c := clocks.summary(windows[v]))}):
+                row["clocks"] = seen
+            if training and device == "cuda":
+                for variant in variants:
+                    with torch.enable_grad():
+                        step = functools.partial(run, models[variant])
+                        row[f"{variant} peak GiB"] = _peak_gib(torch, models[variant], step)
+            rows.append(row)
     if profile and device == "cuda":
         _profile_rows(torch, rows, list(workloads.values()), models, variants, training, log)
     name = torch.cuda.get_device_name() if device == "cuda" else device
@@ -216,12 +233,31 @@ def markdown(result: dict) -> str:
             *(f"{row[f'{v} peak GiB']:.2f}" for v in peaks),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if clocked := [row for row in result["rows"] if row.get("clocks")]:
+        lines += [
+            "",
+            "SM clock and power while each variant was timed (nvidia-smi every 100 ms; capped: the share of "
+            "the samples with the board's power cap active):",
+            "",
+            "| workload | " + " | ".join(f"{v} MHz, W, capped" for v in variants) + " |",
+            "|" + "---|" * (len(variants) + 1),
+        ]
+        for row in clocked:
+            cells = [_clock_cell(row["clocks"].get(v)) for v in variants]
+            lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
     for row in result["rows"]:
         if "profile" in row:
             lines += _profile_markdown(row["workload"], row["profile"])
         if error := row.get("profile error"):
             lines += ["", f"No kernel table for {row['workload']}: the profiled call failed ({error})."]
     return "\n".join(lines) + "\n"
+
+
+def _clock_cell(clock: dict | None) -> str:
+    if clock is None:
+        return "n/a"
+    capped = "n/a" if clock["power capped"] is None else f"{clock['power capped']:.0%}"
+    return f"{clock['SM MHz']:.0f}, {clock['W']:.0f}, {capped}"
 
 
 def _ms(us: float | None) -> str:
