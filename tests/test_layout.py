@@ -129,7 +129,7 @@ ALLOWED = {
     "integrations.grouped_decode": {"integrations.decoder"},
     "integrations.decoder": set(),
     "integrations.attention": {"integrations._rotary_fit", "integrations.decoder"},
-    "integrations._rotary_fit": set(),
+    "integrations._rotary_fit": {"families.rotary"},
     "integrations.diffusers": {
         "builder",
         "errors",

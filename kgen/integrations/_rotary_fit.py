@@ -3,11 +3,10 @@ qk_norm_rope3d) serve, for the integrations that choose per call between one of 
 code. D / (the elements a lane keeps) lanes sum a head: a power of two, up to 32 with warp shuffles, and for
 a norm over each head also up to a block's threads (whole warps: LTX-Video's C = 2048 as one head). A lane
 keeps one 16-byte access (every arch profile's max_access_bytes), one of each half of the head for
-rotate_half pairs; a block has 256 threads (every arch profile's planner.block_threads; both:
-tests/test_profiles.py). The generated launcher refuses any other size."""
+rotate_half pairs; a block has 256 threads (every arch profile's planner.block_threads: the rotary family's
+constants, tests/test_profiles.py). The generated launcher refuses any other size."""
 
-ACCESS_BYTES = 16
-BLOCK_THREADS = 256
+from ..families.rotary import ACCESS_BYTES, BLOCK_THREADS  # noqa: F401 (this module's names too)
 
 
 def lanes_fit(head_dim: int, element_size: int, half_pairs: bool, over: str = "head") -> bool:

@@ -21,9 +21,9 @@ class ClockSampler:
     """Samples (monotonic seconds, SM MHz, W, reasons bitmask) in a thread while the context is open; a driver
     without the reasons field is asked for the clock and power alone."""
 
-    def __init__(self, device_index: int = 0, command: str = "nvidia-smi", period_ms: int = PERIOD_MS):
+    def __init__(self, device: str = "0", command: str = "nvidia-smi", period_ms: int = PERIOD_MS):
         self.samples: list[tuple[float, float, float, int | None]] = []
-        self._args = [f"--id={device_index}", "--format=csv,noheader,nounits", f"--loop-ms={period_ms}"]
+        self._args = [f"--id={device}", "--format=csv,noheader,nounits", f"--loop-ms={period_ms}"]
         self._command, self._process, self._thread = command, None, None
 
     def __enter__(self) -> ClockSampler:
@@ -78,6 +78,6 @@ class ClockSampler:
         }
 
 
-def sampler(device: str, device_index: int = 0) -> ClockSampler | None:
-    """A sampler for a CUDA device where nvidia-smi is on PATH, else None."""
-    return ClockSampler(device_index) if device == "cuda" and shutil.which("nvidia-smi") else None
+def sampler(device: str, smi_id: str = "0") -> ClockSampler | None:
+    """A sampler for a CUDA device (nvidia-smi's --id: index or UUID) with nvidia-smi on PATH, else None."""
+    return ClockSampler(smi_id) if device == "cuda" and shutil.which("nvidia-smi") else None
