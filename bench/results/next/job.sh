@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), in order of need:
-# 0 rope3d's shared angles only where a batch's tokens fill a wave (a patch, against main), 1 LTX-Video's
+# 0 rope3d's shared angles only where a batch's tokens fill a wave (a patch, against main), 0b dense
+# elementwise tensors as one row in one launch (a patch), 1 LTX-Video's
 # training step under the profiler (where the compiled step still loses to its 1.03x goal),
 # 2 on an H200 only: the whole suite, Qwen3-8B under CUDA graphs and LTX-Video (issue 14's tables from one H200
 # run). About 10 minutes after start-up on an H100, 25 on an H200. Run from a tree of main; wheels the machine
@@ -31,6 +32,21 @@ timeout 120 python3 scripts/variants.py /tmp/kb /tmp/kbp rope3d rope3d_qk qk_nor
   --case 16x64x2048 frames=1 height=8 width=8 --case 8x256x2048 frames=1 height=16 width=16 \
   --case 4x1024x2048 frames=4 height=16 width=16 > "$R/variants-run-few.md" 2>&1
 done_ "variants batch run" $?
+# 0b. dense elementwise tensors as one row in one launch (flat.patch): the patched tree's elementwise GPU tests,
+#     then its builds against main's at the suite's shapes and at odd and model shapes outside it
+E=/tmp/tree-flat
+rm -rf $E && cp -r . $E && (cd $E && patch -p1 < bench/results/next/flat.patch) > "$R/patch-flat.log" 2>&1
+rm -rf /tmp/kbe && cp -r /tmp/kb /tmp/kbe
+(cd $E && python3 -m kgen build gelu_tanh silu_mul geglu silu_and_mul --arch sm_90 --compile --out /tmp/kbe) \
+  > "$R/build-flat.log" 2>&1
+(cd $E && KGEN_TEST_BUILD_ROOT=/tmp/kbe PYTHONPATH=$E:/tmp/site timeout 300 python3 -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_ops_gpu.py tests/test_errors_gpu.py tests/test_backward_gpu.py \
+  -k "gelu or silu or geglu") > "$R/t-flat.log" 2>&1
+done_ "tests flat" $?
+timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul geglu silu_and_mul > "$R/variants-flat.md" 2>&1
+timeout 150 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul --case 1x197x3650 --case 1x5959x524 \
+  --case 64x8960 --case 1x4608x12288 --case 1x32760x8960 --case 1x11672x12242 > "$R/variants-flat-more.md" 2>&1
+done_ "variants flat" $?
 # 1. LTX-Video's training step with each variant's kernel table (GPU idle time: host-bound or not)
 timeout 360 python3 -m kgen bench --e2e ltx-train --profile --out "$R/e2e" --build-dir /tmp/kb > "$R/ltx-train.log" 2>&1
 done_ "e2e ltx-train --profile" $?
