@@ -47,6 +47,11 @@ timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul gegl
 timeout 150 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul --case 1x197x3650 --case 1x5959x524 \
   --case 64x8960 --case 1x4608x12288 --case 1x32760x8960 --case 1x11672x12242 > "$R/variants-flat-more.md" 2>&1
 done_ "variants flat" $?
+# 0c. counters of the q/k norm + rotation kernels (46-62 % of copy): DRAM bytes against the bytes counted (a
+#     token's heads read twice: is the second read served by L2?), occupancy, instructions; rope_wan beside them
+timeout 200 python3 scripts/ncu_counters.py qk_norm_rope_wan qk_norm_rope_flux rope_wan --build-dir /tmp/kb \
+  --out "$R/ncu-qk.md" > "$R/ncu-qk.log" 2>&1
+done_ "ncu qk norm rope" $?
 # 2. on an H200 only: the whole suite (issue 14's table), then step 1, LTX-Video and Qwen3-8B under CUDA graphs,
 #    in order of need (whatever the lease leaves time for)
 H200=0; grep -q H200 "$R/gpu.txt" && H200=1
