@@ -1,47 +1,29 @@
 #!/usr/bin/env bash
 # The GPU work prepared for the next lease (README.md: why each step and what it predicts), in order of need:
-# 0 rope3d's shared angles only where a batch's tokens fill a wave (a patch, against main), 0b dense
-# elementwise tensors as one row in one launch (a patch), 1 LTX-Video's
-# training step under the profiler (where the compiled step still loses to its 1.03x goal),
-# 2 on an H200 only: the whole suite, Qwen3-8B under CUDA graphs and LTX-Video (issue 14's tables from one H200
-# run). About 10 minutes after start-up on an H100, 25 on an H200. Run from a tree of main; wheels the machine
-# lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in $WHEELS (default .whl/ of the tree).
-# Writes to $R (default /tmp/res), touches $R/JOB_DONE.
+# 0 dense elementwise tensors as one row in one launch (a patch, against main), 1 counters of the q/k norm +
+# rotation kernels, 2 on an H200 only: the whole suite (issue 14's table), 3 LTX-Video's training step under the
+# profiler (where the compiled step still loses to its 1.03x goal), 4 on an H200 only: LTX-Video and Qwen3-8B
+# under CUDA graphs. About 8 minutes after start-up on an H100, 25 on an H200. Run from a tree of main; wheels
+# the machine lacks (pydantic & co., kernels, tomlkit, liger-kernel, diffusers) in $WHEELS (default .whl/ of the
+# tree). Writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
 R=${R:-/tmp/res}
 mkdir -p "$R"
 source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
 done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
-# the ops steps 0-0c time first; every op before steps 1-2
-python3 -m kgen build rope3d rope3d_qk qk_norm_rope3d rope_wan gelu_tanh silu_mul geglu silu_and_mul qk_norm_rope_wan \
-  qk_norm_rope_flux --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
+# every op: the tests build what they touch from this root (a root of a few ops made the rotary tests build the
+# rest on demand and run past their limit: bench/results/batch-run-flat-h100-2026-12-07)
+python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
-# 0. rope3d's shared angles only where a batch's tokens fill a wave (batch-run.patch): the patched tree's rotary GPU
-#    tests, then its builds against main's at the suite's shapes and at few tokens of many batches
-P=/tmp/tree-run
-rm -rf $P && cp -r . $P && (cd $P && patch -p1 < bench/results/next/batch-run.patch) > "$R/patch.log" 2>&1
-rm -rf /tmp/kbp && cp -r /tmp/kb /tmp/kbp  # main's builds of the other ops, for the tests' fixtures
-(cd $P && python3 -m kgen build rope3d rope3d_qk qk_norm_rope3d rope_wan --arch sm_90 --compile --out /tmp/kbp) \
-  > "$R/build-run.log" 2>&1
-(cd $P && KGEN_TEST_BUILD_ROOT=/tmp/kbp PYTHONPATH=$P:/tmp/site timeout 300 python3 -m pytest -m gpu -q \
-  -p no:cacheprovider tests/test_rotary_gpu.py tests/test_rotary_norm_gpu.py tests/test_errors_gpu.py \
-  tests/test_backward_gpu.py -k "rope3d or rope_wan") > "$R/t-run.log" 2>&1
-done_ "tests batch run" $?
-timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbp rope3d rope3d_qk qk_norm_rope3d --forward \
-  > "$R/variants-run.md" 2>&1
-timeout 120 python3 scripts/variants.py /tmp/kb /tmp/kbp rope3d rope3d_qk qk_norm_rope3d --forward \
-  --case 16x64x2048 frames=1 height=8 width=8 --case 8x256x2048 frames=1 height=16 width=16 \
-  --case 4x1024x2048 frames=4 height=16 width=16 > "$R/variants-run-few.md" 2>&1
-done_ "variants batch run" $?
-# 0b. dense elementwise tensors as one row in one launch (flat.patch): the patched tree's elementwise GPU tests,
-#     then its builds against main's at the suite's shapes and at odd and model shapes outside it
+# 0. dense elementwise tensors as one row in one launch (flat.patch): the patched tree's elementwise GPU tests,
+#    then its builds against main's at the suite's shapes and at odd and model shapes outside it
 E=/tmp/tree-flat
 rm -rf $E && cp -r . $E && (cd $E && patch -p1 < bench/results/next/flat.patch) > "$R/patch-flat.log" 2>&1
 rm -rf /tmp/kbe && cp -r /tmp/kb /tmp/kbe
 (cd $E && python3 -m kgen build gelu_tanh silu_mul geglu silu_and_mul --arch sm_90 --compile --out /tmp/kbe) \
   > "$R/build-flat.log" 2>&1
-(cd $E && KGEN_TEST_BUILD_ROOT=/tmp/kbe PYTHONPATH=$E:/tmp/site timeout 300 python3 -m pytest -m gpu -q \
+(cd $E && KGEN_TEST_BUILD_ROOT=/tmp/kbe PYTHONPATH=$E:/tmp/site timeout 420 python3 -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_ops_gpu.py tests/test_errors_gpu.py tests/test_backward_gpu.py \
   -k "gelu or silu or geglu") > "$R/t-flat.log" 2>&1
 done_ "tests flat" $?
@@ -49,24 +31,22 @@ timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul gegl
 timeout 150 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul --case 1x197x3650 --case 1x5959x524 \
   --case 64x8960 --case 1x4608x12288 --case 1x32760x8960 --case 1x11672x12242 > "$R/variants-flat-more.md" 2>&1
 done_ "variants flat" $?
-# 0c. counters of the q/k norm + rotation kernels (46-62 % of copy): DRAM bytes against the bytes counted (a
-#     token's heads read twice: is the second read served by L2?), occupancy, instructions; rope_wan beside them
+# 1. counters of the q/k norm + rotation kernels (46-62 % of copy): DRAM bytes against the bytes counted (a
+#    token's heads read twice: is the second read served by L2?), occupancy, instructions; rope_wan beside them
 timeout 200 python3 scripts/ncu_counters.py qk_norm_rope_wan qk_norm_rope_flux rope_wan --build-dir /tmp/kb \
   --out "$R/ncu-qk.md" > "$R/ncu-qk.log" 2>&1
 done_ "ncu qk norm rope" $?
-python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build-all.log" 2>&1
-done_ "build all" $?
-# 2. on an H200 only: the whole suite (issue 14's table), then step 1, LTX-Video and Qwen3-8B under CUDA graphs,
-#    in order of need (whatever the lease leaves time for)
+# 2. on an H200 only: the whole suite (issue 14's table)
 H200=0; grep -q H200 "$R/gpu.txt" && H200=1
 if [ $H200 = 1 ]; then
   timeout 420 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
   done_ suite $?
   python3 -m kgen report "$R/suite-all" > "$R/report.log" 2>&1
 fi
-# 1. LTX-Video's training step with each variant's kernel table (GPU idle time: host-bound or not)
+# 3. LTX-Video's training step with each variant's kernel table (GPU idle time: host-bound or not)
 timeout 360 python3 -m kgen bench --e2e ltx-train --profile --out "$R/e2e" --build-dir /tmp/kb > "$R/ltx-train.log" 2>&1
 done_ "e2e ltx-train --profile" $?
+# 4. on an H200 only: LTX-Video and Qwen3-8B under CUDA graphs (issue 14's e2e tables)
 if [ $H200 = 1 ]; then
   timeout 420 python3 -m kgen bench --e2e ltx --out "$R/e2e" --build-dir /tmp/kb > "$R/ltx.log" 2>&1
   done_ "e2e ltx" $?
