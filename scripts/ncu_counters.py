@@ -6,6 +6,7 @@ against it; --shapes keeps the shapes whose label holds one of the given texts.
 
 python3 scripts/ncu_counters.py rmsnorm rope3d --build-dir /tmp/kgen-build --out ncu.md
 python3 scripts/ncu_counters.py rmsnorm --peer --shapes 1×128×4096 "2048×4096" --out ncu-peers.md
+python3 scripts/ncu_counters.py qk_norm_rope_wan --extra sm__throughput.avg.pct_of_peak_sustained_elapsed
 
 runs itself under `ncu --clock-control none` (clocks are left as they are; caches are flushed before each
 replay, as the benchmark flushes L2) and profiles only the launch between cudaProfilerStart/Stop of each
@@ -124,12 +125,12 @@ def parse(csv_text: str) -> list[dict]:
     return [kernels[i] for i in sorted(kernels)]
 
 
-def table(rows: list[dict]) -> str:
-    head = ["op", "shape", "impl", "kernels", "MB counted", *(column for column, _ in METRICS.values())]
+def table(rows: list[dict], metrics: dict = METRICS) -> str:
+    head = ["op", "shape", "impl", "kernels", "MB counted", *(column for column, _ in metrics.values())]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["op"], r["shape"], r["impl"], str(r["kernels"]), f"{r['counted'] / 1e6:.1f}"]
-        for metric, (_, factor) in METRICS.items():
+        for metric, (_, factor) in metrics.items():
             v = r.get(metric)
             cells.append(f"{v * factor:.3g}" if isinstance(v, float) else str(v or ""))
         lines.append("| " + " | ".join(cells) + " |")
@@ -143,8 +144,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("ncu.md"))
     parser.add_argument("--peer", action="store_true", help="also the op's torch.compile peer")
     parser.add_argument("--shapes", nargs="+", default=[], help="only shapes whose label holds one of these")
+    parser.add_argument(
+        "--extra",
+        nargs="+",
+        default=[],
+        help="more ncu metrics, each a column of its raw value (e.g. a pipe's use)",
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    metrics = METRICS | {m: (m, 1) for m in args.extra}
     if args.child:
         return child(args.ops, args.build_dir, args.child, args.peer, args.shapes)
     labels_path = args.out.with_suffix(".labels")
@@ -158,7 +166,7 @@ def main() -> None:
         "base",
         "--csv",
         "--metrics",
-        ",".join(METRICS),
+        ",".join(metrics),
         sys.executable,
         __file__,
         *args.ops,
@@ -184,8 +192,8 @@ def main() -> None:
     for label, k in zip(labels, kernels):
         rows.append(json.loads(label) | k)
     args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
-    args.out.write_text(table(rows))
-    print(table(rows))
+    args.out.write_text(table(rows, metrics))
+    print(table(rows, metrics))
 
 
 if __name__ == "__main__":

@@ -31,10 +31,21 @@ timeout 240 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul gegl
 timeout 150 python3 scripts/variants.py /tmp/kb /tmp/kbe gelu_tanh silu_mul --case 1x197x3650 --case 1x5959x524 \
   --case 64x8960 --case 1x4608x12288 --case 1x32760x8960 --case 1x11672x12242 > "$R/variants-flat-more.md" 2>&1
 done_ "variants flat" $?
-# 1. counters of the q/k norm + rotation kernels (46-62 % of copy): DRAM bytes against the bytes counted (a
-#    token's heads read twice: is the second read served by L2?), occupancy, instructions; rope_wan beside them
-timeout 200 python3 scripts/ncu_counters.py qk_norm_rope_wan qk_norm_rope_flux rope_wan --build-dir /tmp/kb \
-  --out "$R/ncu-qk.md" > "$R/ncu-qk.log" 2>&1
+# 1. counters of the q/k norm + rotation kernels (46-71 % of copy; rope_wan alone 85-91 %): DRAM bytes against the
+#    bytes counted (a Wan token's heads read twice: is the second read served by L2?), occupancy, instructions,
+#    what the float64 angles cost (float64 instructions, the SM's busiest unit, issue slots used) and where warps
+#    wait (on memory, on shuffles and the special-function unit, on a busy math pipe); if ncu refuses one of
+#    these metrics, the run again without them
+QK="qk_norm_rope_wan qk_norm_rope_flux qk_norm_rope3d rope_wan"
+EXTRA="sm__throughput.avg.pct_of_peak_sustained_elapsed smsp__issue_active.avg.pct_of_peak_sustained_active
+  smsp__sass_thread_inst_executed_op_dfma_pred_on.sum smsp__sass_thread_inst_executed_op_dmul_pred_on.sum
+  smsp__sass_thread_inst_executed_op_dadd_pred_on.sum
+  smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio"
+timeout 240 python3 scripts/ncu_counters.py $QK --build-dir /tmp/kb --out "$R/ncu-qk.md" --extra $EXTRA \
+  > "$R/ncu-qk.log" 2>&1 || timeout 200 python3 scripts/ncu_counters.py $QK --build-dir /tmp/kb \
+  --out "$R/ncu-qk.md" > "$R/ncu-qk-plain.log" 2>&1
 done_ "ncu qk norm rope" $?
 # 2. on an H200 only: the whole suite (issue 14's table)
 H200=0; grep -q H200 "$R/gpu.txt" && H200=1
