@@ -4,12 +4,15 @@ random inputs at the family's example shapes, then on inputs with exact 0, 1 and
 max, min, abs and piecewise math, and ties between inputs: a derivative there is a convention, e.g. sympy's
 max splits a tie's gradient in halves as torch.maximum does, where torch.relu gives 0), in float32 and
 bfloat16, and compared with the float64 reference: a spec whose math and reference disagree fails here,
-before any kernel is built. Where the family derives the op's backward, its derived math is checked the same
-way against autograd of the reference, whose gradient is rounded to the dtype at each of the convention's
-roundings it flows back through (the derived math takes a rounding's derivative as 1, unrounded): the
-tolerance grows by one step per rounding. The small shapes run again at two other values of the params no
-shape sets (a math or reference that ignores a param); a reference that raises, or returns other than one
-float64 tensor per output shaped as the math's, is a one-line error."""
+before any kernel is built. The forward runs once more with a NaN, +inf and -inf in its lead input: where the
+reference gives a NaN or an infinity the math must give the same (a comparison is false at NaN, so a
+Piecewise whose last branch drops it turns a NaN into a number: a silent failure on bad input). Where the
+family derives the op's backward, its derived math is checked the same way against autograd of the
+reference, whose gradient is rounded to the dtype at each of the convention's roundings it flows back through
+(the derived math takes a rounding's derivative as 1, unrounded): the tolerance grows by one step per
+rounding. The small shapes run again at two other values of the params no shape sets (a math or reference
+that ignores a param); a reference that raises, or returns other than one float64 tensor per output shaped as
+the math's, is a one-line error."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1e-2, 1e-2)}
 
 
 PROBED = " (exact 0, ±1, tied inputs)"  # a result's worst is where probes are, random inputs all agree
+SPECIAL = " (NaN, +inf, -inf in the lead input)"  # the forward's last run: where the non-finite values go
+NOT_THE_SAME = 1e30  # the ratio where one side is a NaN or an infinity and the other is not the same
 
 
 @dataclass(frozen=True)
@@ -146,39 +151,71 @@ def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=N
         for dtype, tolerance in TOLERANCE.items():
             atol, rtol = (steps(convention) * t for t in family.check_tolerance(spec, *tolerance))
             worst, where, random_bad = 0.0, "-", False
-            for case, probes in ((c, p) for c in cases for p in (False, True)):
-                inputs = family.example_inputs(spec, case, getattr(torch, dtype), generator, probes=probes)
+            runs = ("", PROBED) if forward else ("", PROBED, SPECIAL)  # random inputs, probes, non-finite
+            for case, run in ((c, r) for c in cases for r in runs):
+                inputs = family.example_inputs(
+                    spec, case, getattr(torch, dtype), generator, probes=run == PROBED
+                )
+                if run == SPECIAL and not _non_finite(inputs[0]):
+                    continue
                 params = case.param_values(spec)
                 math = family.evaluate(spec, inputs, params, convention)
                 reference = _reference(spec, inputs, params, convention, case, math, forward)
                 for tensor, got, want in zip(spec.outputs, math, reference):
-                    want = want.double()
+                    want, got = want.double(), got.double()
                     scale = want.abs()
                     if 0 < want.numel() < inputs[0].numel():  # a sum over rows (a weight's gradient)
                         # each row's term carries its own rounding error, so the sum's error grows with the
                         # terms (about their root-sum-square), not with a sum that cancelled to near zero
                         scale = scale.clamp_min(want.square().mean().sqrt().item())
-                    ratio = ((got - want).abs() / (atol + rtol * scale)).nan_to_num(1e30)
+                    # a NaN or an infinity matches only the same; numbers, within the tolerance
+                    same = (got == want) | (got.isnan() & want.isnan())
+                    finite = got.isfinite() & want.isfinite()
+                    ratio = ((got - want).abs() / (atol + rtol * scale)).where(finite, 0.0)
+                    ratio = ratio.where(finite | same, NOT_THE_SAME)
                     bad = ratio.max().item() if ratio.numel() else 0.0
-                    random_bad = random_bad or (bad > 1 and not probes)
+                    random_bad = random_bad or (bad > 1 and not run)
                     if bad > worst:
-                        worst, where = bad, f"{case.label}{PROBED if probes else ''}, {tensor.name}"
+                        worst, where = bad, f"{case.label}{run}, {tensor.name}"
             # only a failure where the probes are (none on random inputs) is a derivative's convention there
-            where = where.replace(PROBED, "") if random_bad else where
+            where = where.replace(PROBED, "").replace(SPECIAL, "") if random_bad else where
             results.append(Result(spec.name, convention, dtype, len(examples), worst, where))
     return results
+
+
+def _non_finite(x) -> bool:
+    """A NaN, +inf and -inf in place of elements 1, n / 2 and n - 1 of the lead input (as many of them as
+    are distinct: one element takes the NaN alone); False where it is not a floating tensor with elements."""
+    if x is None or not x.is_floating_point() or x.numel() < 1:
+        return False
+    flat, n = x.view(-1), x.numel()
+    places = dict.fromkeys((min(1, n - 1), n // 2, n - 1))
+    for at, value in zip(places, (float("nan"), float("inf"), float("-inf"))):
+        flat[at] = value
+    return True
 
 
 def disagreement(bad: list[Result]) -> str:
     """The error for results that failed: each with where and by how much; a hint where only probes did."""
     text = "the math and the reference disagree: " + "; ".join(
-        f"{r.op} (convention {r.convention}, {r.dtype}) at {r.where}, {r.worst:.3g}× the tolerance"
+        f"{r.op} (convention {r.convention}, {r.dtype}) at {r.where}, "
+        + (
+            f"{r.worst:.3g}× the tolerance"
+            if r.worst < NOT_THE_SAME
+            else "a NaN or infinity on one side only"
+        )
         for r in bad
     )
     if all(PROBED in r.where for r in bad):
         text += (
             ". At an exact 0, ±1 or a tie the derivative is a convention: sympy's Max and Min split a tie's "
             "gradient in halves (torch.maximum's), Abs's is 0 at 0; torch.relu's 0 at 0 is "
-            "Piecewise((x, x > 0), (0, True)), and 1 at 0 Piecewise((x, x >= 0), (0, True))"
+            "Piecewise((0, x <= 0), (x, True)), and 1 at 0 Piecewise((0, x < 0), (x, True))"
+        )
+    if all(SPECIAL in r.where for r in bad):
+        text += (
+            ". A comparison is false at NaN, so Piecewise takes its last branch there: "
+            "Piecewise((x, x > 0), (0, True)) turns a NaN into 0 where torch.relu keeps it; put the branch "
+            "that keeps it last, Piecewise((0, x <= 0), (x, True)); Max and Min keep a NaN (torch.maximum's)"
         )
     return text

@@ -84,7 +84,7 @@ spec = OpSpec(
     "math, reference, agree",
     [
         ("sp.Max(x, 0)", "torch.relu(x.double())", False),  # sympy's derivative at 0 is ½, torch.relu's 0
-        ("sp.Piecewise((x, x > 0), (0, True))", "torch.relu(x.double())", True),
+        ("sp.Piecewise((0, x <= 0), (x, True))", "torch.relu(x.double())", True),  # NaN kept, as torch.relu
         ("sp.Max(x, 0)", "torch.maximum(x.double(), torch.zeros_like(x.double()))", True),  # ½ both
         ("sp.Piecewise((x, x >= 0), (0, True))", "torch.where(x >= 0, x.double(), 0.0)", True),  # 1 at 0
     ],
@@ -106,7 +106,41 @@ def test_the_derivative_at_a_kink_is_checked(tmp_path, monkeypatch, math, refere
         assert agree or all("(exact 0, ±1, tied inputs), grad_x" in r.where for r in backward)
         result = CliRunner().invoke(app, ["check", "kinked"])
         assert result.exit_code == (0 if agree else 2), result.output
-        assert ("Piecewise((x, x > 0), (0, True))" in " ".join(result.output.split())) == (not agree)
+        assert ("Piecewise((0, x <= 0), (x, True))" in " ".join(result.output.split())) == (not agree)
+    finally:
+        load_spec.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "math, reference, agree",
+    [
+        ("sp.Piecewise((x, x > 0), (0, True))", "torch.relu(x.double())", False),  # NaN > 0 is false: 0
+        ("sp.Piecewise((0, x <= 0), (x, True))", "torch.relu(x.double())", True),  # NaN falls to x
+        ("2 * x", "(2 * x.double()).nan_to_num(nan=0.0)", False),  # the math keeps a NaN the ref drops
+        ("sp.Piecewise((x, x > 0), (0, True))", "torch.where(x > 0, x.double(), 0.0)", True),  # both drop it
+        ("sp.exp(x)", "torch.exp(x.double()).nan_to_num(posinf=3.0e38)", False),  # an infinity made finite
+    ],
+)
+def test_nan_and_infinity_in_the_lead_input_go_where_the_reference_sends_them(
+    tmp_path, monkeypatch, math, reference, agree
+):
+    """Random inputs and the probes are finite: the forward runs once more with a NaN, +inf and -inf in its
+    lead input, and the math must give a NaN or an infinity exactly where the reference does. A Piecewise
+    that drops a NaN (a comparison is false there) would map bad input to numbers without a word."""
+    (tmp_path / "nan.py").write_text(
+        RELU.replace("NAME", "nan").replace("MATH", math).replace("REFERENCE", reference)
+    )
+    monkeypatch.setenv("KGEN_OPS_PATH", str(tmp_path))
+    load_spec.cache_clear()
+    try:
+        forward = [r for r in check("nan") if r.op == "nan"]
+        assert len(forward) == 2 and all(r.ok == agree for r in forward), forward
+        assert agree or all("(NaN, +inf, -inf in the lead input), out" in r.where for r in forward)
+        result = CliRunner().invoke(app, ["check", "nan"])
+        output = " ".join(result.output.split())
+        assert result.exit_code == (0 if agree else 2), result.output
+        assert ("a NaN or infinity on one side only" in output) == (not agree), output
+        assert ("A comparison is false at NaN" in output) == (not agree), output
     finally:
         load_spec.cache_clear()
 
