@@ -147,11 +147,11 @@ def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=N
     family = family_of(spec)
     results, examples = [], family.example_cases(spec)
     cases = _cases(examples, variants)
+    runs = ("", PROBED) if forward else ("", PROBED, SPECIAL)  # random inputs, probes, non-finite (forward)
     for convention in (c.name for c in spec.structure.conventions):
         for dtype, tolerance in TOLERANCE.items():
             atol, rtol = (steps(convention) * t for t in family.check_tolerance(spec, *tolerance))
             worst, where, random_bad = 0.0, "-", False
-            runs = ("", PROBED) if forward else ("", PROBED, SPECIAL)  # random inputs, probes, non-finite
             for case, run in ((c, r) for c in cases for r in runs):
                 inputs = family.example_inputs(
                     spec, case, getattr(torch, dtype), generator, probes=run == PROBED
