@@ -519,3 +519,40 @@ def test_per_batch_counts_broadcast_inputs_once_a_batch():
     assert per_token.min_bytes == min_bytes(family, spec, Case(shape), 2) > per_batch.min_bytes
     with pytest.raises(PlanError, match="per batch: rmsnorm has no broadcast input"):
         plan_launch(SPEC, profile, "bfloat16", (8, 4096), per_batch=True)
+
+
+@pytest.mark.parametrize(
+    "op, pass_, flat",
+    [
+        ("gelu_tanh", "forward", True),
+        ("gelu_tanh", "backward", True),
+        ("silu_mul", "forward", True),
+        ("silu_mul", "backward", True),
+        ("geglu", "forward", False),  # a packed input's halves sit a row apart: rows stay rows
+        ("silu_and_mul", "backward", False),
+    ],
+)
+def test_dense_elementwise_tensors_are_one_row_in_one_launch(op, pass_, flat):
+    """Dense tensors of an op without packed halves are one row whatever the hidden size: its accesses at
+    their index (the kernel's FLAT form, no row/column division) and the elements past the last whole
+    access in the same launch (no second, scalar launch). The rendered launcher, the plan's note and
+    explain's choice agree; a packed op keeps its rows, split without a division."""
+    from kgen.builder import render_target
+    from kgen.catalog import backward_spec
+    from kgen.project import resolve_target
+
+    spec = load_spec(op) if pass_ == "forward" else backward_spec(op)
+    name = op if pass_ == "forward" else f"{op}_backward"
+    source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{name}.cu"]
+    launches = source.split("cudaError_t launch_bfloat16")[1].split("\n}\n")[0]
+    assert launches.count("launch_config<") == (3 if flat else 2), launches
+    assert ("kBlockThreads, true>(body, int(total - body.hidden)" in launches) == flat
+    assert ("if (FLAT && tail > 0" in source) == flat
+    assert "split.row(g) : g / per_row" in source  # rows that stay rows: a multiply and a shift below 2^31
+    profile = load_profile("sm_90")
+    plan = plan_kernel(spec, profile, "bfloat16")
+    assert ("flat path" in plan.notes) == flat
+    for hidden in (8192, 12242):  # a multiple of the 8-element access and not
+        shape = (64, hidden * (2 if not flat and pass_ == "forward" else 1))
+        accesses = {c[0]: c[2] for c in plan_launch(spec, profile, "bfloat16", shape).choices}["accesses"]
+        assert ("one row of rows × hidden" in accesses) == flat, accesses

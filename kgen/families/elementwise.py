@@ -134,10 +134,10 @@ class ElementwiseFamily(RowsFamily):
         }
         if self.flattens(spec):
             notes["flat path"] = (
-                "dense tensors whose hidden is not a multiple of the vector width are one row of rows × "
-                "hidden elements: vector accesses for all but the last few (rows × hidden mod the width), "
-                "which a second, scalar launch takes; an odd hidden no longer sends the whole tensor down "
-                "the scalar path"
+                "dense tensors are one row of rows × hidden elements: vector accesses at their index (no "
+                "row/column division, no row stride) for all but the last rows × hidden mod the width, which "
+                "the grid's last thread takes one at a time in the same launch; an odd hidden does not send "
+                "the whole tensor down the scalar path"
             )
         return KernelPlan(spec.name, profile.name, dtype, elem, vector, 1, threads, buckets, notes)
 
@@ -210,9 +210,9 @@ class ElementwiseFamily(RowsFamily):
     def launch(self, spec: OpSpec, profile: ArchProfile, kernel: KernelPlan, case: Case) -> LaunchPlan:
         rows, hidden = case.rows, case.shape[-1]
         vector = hidden % kernel.vector_elems == 0
-        flat = not vector and self.flattens(spec) and rows * hidden >= kernel.vector_elems
+        flat = self.flattens(spec) and rows * hidden >= kernel.vector_elems  # a case's tensors are dense
         b = kernel.buckets[0 if vector or flat else 1]
-        grid = -(-rows * hidden // b.elems_per_access // b.block_threads)
+        grid = -(-(rows * hidden // b.elems_per_access) // b.block_threads)
         why = kernel.notes["flat path" if flat else "vector path" if vector else "scalar path"]
         choices = [
             (

@@ -111,22 +111,37 @@ struct Convention_transformers {
   }
 };
 
+// A position's row as a multiply and a shift where the 32-bit division takes about 20 instructions an
+// access: q = (g · mul) >> shift with shift = 31 + ceil(log2 per_row) and mul = ceil(2^shift / per_row)
+// (below 2^32) is g / per_row for every g and per_row below 2^31 (Granlund and Montgomery 1994, theorem 4.2).
+struct RowSplit {
+  uint32_t mul;
+  int shift;
+  static RowSplit of(int64_t per_row) {
+    int log2_up = 0;
+    while ((int64_t(1) << log2_up) < per_row) ++log2_up;
+    const uint64_t power = uint64_t(1) << (31 + log2_up);
+    return {uint32_t((power + uint64_t(per_row) - 1) / uint64_t(per_row)), 31 + log2_up};
+  }
+  __device__ __forceinline__ uint32_t row(uint32_t g) const { return uint32_t((uint64_t(g) * mul) >> shift); }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The kernel: one thread per access position of the outputs, over the flattened [rows, hidden /
 // ELEMS] grid of positions (a grid-stride loop past 2^31 - 1 blocks). Every input is read once and
 // every output written once; nothing is kept. Index is 32-bit when the positions fit, so the
-// row/column split is a 32-bit division.
+// row/column split a multiply and a shift (RowSplit; a division past 2^31 positions).
 // ---------------------------------------------------------------------------------------------
-template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, typename Index>
+template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, typename Index, bool FLAT>
 __global__ void __launch_bounds__(BLOCK_THREADS)
-silu_and_mul_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, T* __restrict__ grad_x, int64_t grad_x_row_stride, int64_t rows, int64_t hidden, Params params) {
+silu_and_mul_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ grad_out, int64_t grad_out_row_stride, T* __restrict__ grad_x, int64_t grad_x_row_stride, int64_t rows, int64_t hidden, RowSplit split, int tail, Params params) {
   using Access = Pack<T, ELEMS>;
   const Index per_row = Index(hidden / ELEMS);
   const Index positions = Index(rows) * per_row;
   const Index stride = Index(gridDim.x) * BLOCK_THREADS;
   for (Index g = Index(blockIdx.x) * BLOCK_THREADS + threadIdx.x; g < positions; g += stride) {
-    const Index row = g / per_row;
-    const Index col = g - row * per_row;
+    const Index row = FLAT ? 0 : std::is_same_v<Index, uint32_t> ? split.row(g) : g / per_row;
+    const Index col = FLAT ? g : g - row * per_row;
     const Access gate_in = reinterpret_cast<const Access*>(x + int64_t(row) * x_row_stride)[col];
     const Access up_in = reinterpret_cast<const Access*>(x + int64_t(row) * x_row_stride + hidden)[col];
     const Access grad_out_in = reinterpret_cast<const Access*>(grad_out + int64_t(row) * grad_out_row_stride)[col];
@@ -139,16 +154,17 @@ silu_and_mul_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, cons
   }
 }
 
-template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS>
-cudaError_t launch_config(const SiluAndMulBackwardArgs& args, const Params& params, cudaStream_t stream) {
+template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, bool FLAT>
+cudaError_t launch_config(const SiluAndMulBackwardArgs& args, int tail, const Params& params, cudaStream_t stream) {
   const int64_t positions = args.rows * (args.hidden / ELEMS);
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(positions, BLOCK_THREADS), kMaxGridX));
+  const RowSplit split = FLAT ? RowSplit{0, 0} : RowSplit::of(std::max<int64_t>(args.hidden / ELEMS, 1));
   if (positions <= int64_t(INT32_MAX))  // g + stride stays below 2^32
-    silu_and_mul_backward_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
-        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, args.rows, args.hidden, params);
+    silu_and_mul_backward_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t, FLAT><<<blocks, BLOCK_THREADS, 0, stream>>>(
+        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, args.rows, args.hidden, split, tail, params);
   else
-    silu_and_mul_backward_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
-        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, args.rows, args.hidden, params);
+    silu_and_mul_backward_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t, FLAT><<<blocks, BLOCK_THREADS, 0, stream>>>(
+        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.grad_out), args.grad_out_row_stride, static_cast<T*>(args.grad_x), args.grad_x_row_stride, args.rows, args.hidden, split, tail, params);
   return cudaGetLastError();
 }
 
@@ -160,8 +176,8 @@ cudaError_t launch_float32(const SiluAndMulBackwardArgs& args, const Params& par
   constexpr int kVector = 4;
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes);
-  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
-                     : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
+  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads, false>(args, 0, params, stream)
+                     : launch_config<T, Fn, 1, kBlockThreads, false>(args, 0, params, stream);
 }
 
 // float16: 16-byte accesses when every tensor allows them, else 1 element per access;
@@ -172,8 +188,8 @@ cudaError_t launch_float16(const SiluAndMulBackwardArgs& args, const Params& par
   constexpr int kVector = 8;
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.grad_out_row_stride % kVector == 0 && aligned(args.grad_out, kAccessBytes) && args.grad_x_row_stride % kVector == 0 && aligned(args.grad_x, kAccessBytes);
-  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
-                     : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
+  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads, false>(args, 0, params, stream)
+                     : launch_config<T, Fn, 1, kBlockThreads, false>(args, 0, params, stream);
 }
 
 }  // namespace

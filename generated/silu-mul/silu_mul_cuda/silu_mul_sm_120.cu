@@ -8,7 +8,7 @@
 //   vector path: 16-byte accesses (4 × float32) when every tensor is 16-byte aligned and hidden and strides are multiples of 4 (each half of a packed one): the widest global access a thread can issue (profile max_access_bytes)
 //   scalar path: otherwise one element per access: correct for any alignment and any hidden size
 //   block_threads: 256 threads per block, each one access of every tensor at one position (profile planner.block_threads); rows are flattened
-//   flat path: dense tensors whose hidden is not a multiple of the vector width are one row of rows × hidden elements: vector accesses for all but the last few (rows × hidden mod the width), which a second, scalar launch takes; an odd hidden no longer sends the whole tensor down the scalar path
+//   flat path: dense tensors are one row of rows × hidden elements: vector accesses at their index (no row/column division, no row stride) for all but the last rows × hidden mod the width, which the grid's last thread takes one at a time in the same launch; an odd hidden does not send the whole tensor down the scalar path
 //   float32: 4 elem/access, 1 elem/access; 256 threads/block
 //   float16: 8 elem/access, 1 elem/access; 256 threads/block
 //   bfloat16: 8 elem/access, 1 elem/access; 256 threads/block
@@ -107,22 +107,39 @@ struct Convention_transformers {
   }
 };
 
+// A position's row as a multiply and a shift where the 32-bit division takes about 20 instructions an
+// access: q = (g · mul) >> shift with shift = 31 + ceil(log2 per_row) and mul = ceil(2^shift / per_row)
+// (below 2^32) is g / per_row for every g and per_row below 2^31 (Granlund and Montgomery 1994, theorem 4.2).
+struct RowSplit {
+  uint32_t mul;
+  int shift;
+  static RowSplit of(int64_t per_row) {
+    int log2_up = 0;
+    while ((int64_t(1) << log2_up) < per_row) ++log2_up;
+    const uint64_t power = uint64_t(1) << (31 + log2_up);
+    return {uint32_t((power + uint64_t(per_row) - 1) / uint64_t(per_row)), 31 + log2_up};
+  }
+  __device__ __forceinline__ uint32_t row(uint32_t g) const { return uint32_t((uint64_t(g) * mul) >> shift); }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The kernel: one thread per access position of the outputs, over the flattened [rows, hidden /
 // ELEMS] grid of positions (a grid-stride loop past 2^31 - 1 blocks). Every input is read once and
 // every output written once; nothing is kept. Index is 32-bit when the positions fit, so the
-// row/column split is a 32-bit division.
+// row/column split a multiply and a shift (RowSplit; a division past 2^31 positions). FLAT: dense tensors as one row, a position's
+// address its index (no division, no row stride), and the `tail` elements past the last whole
+// access (fewer than ELEMS) taken one at a time by the grid's last thread, in the same launch.
 // ---------------------------------------------------------------------------------------------
-template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, typename Index>
+template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, typename Index, bool FLAT>
 __global__ void __launch_bounds__(BLOCK_THREADS)
-silu_mul_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ up, int64_t up_row_stride, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, Params params) {
+silu_mul_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ up, int64_t up_row_stride, T* __restrict__ out, int64_t out_row_stride, int64_t rows, int64_t hidden, RowSplit split, int tail, Params params) {
   using Access = Pack<T, ELEMS>;
   const Index per_row = Index(hidden / ELEMS);
   const Index positions = Index(rows) * per_row;
   const Index stride = Index(gridDim.x) * BLOCK_THREADS;
   for (Index g = Index(blockIdx.x) * BLOCK_THREADS + threadIdx.x; g < positions; g += stride) {
-    const Index row = g / per_row;
-    const Index col = g - row * per_row;
+    const Index row = FLAT ? 0 : std::is_same_v<Index, uint32_t> ? split.row(g) : g / per_row;
+    const Index col = FLAT ? g : g - row * per_row;
     const Access x_in = reinterpret_cast<const Access*>(x + int64_t(row) * x_row_stride)[col];
     const Access up_in = reinterpret_cast<const Access*>(up + int64_t(row) * up_row_stride)[col];
     float out_f[ELEMS];
@@ -130,18 +147,27 @@ silu_mul_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restri
     for (int j = 0; j < ELEMS; ++j) Fn::template apply<T>(to_float(x_in.v[j]), to_float(up_in.v[j]), params, out_f[j]);
     reinterpret_cast<Access*>(out + int64_t(row) * out_row_stride)[col] = pack<T>(out_f);
   }
+  if (FLAT && tail > 0 && blockIdx.x == gridDim.x - 1 && threadIdx.x == BLOCK_THREADS - 1) {
+    for (int k = 0; k < tail; ++k) {
+      const int64_t at = hidden + k;
+      float out_e;
+      Fn::template apply<T>(to_float(x[at]), to_float(up[at]), params, out_e);
+      out[at] = from_float<T>(out_e);
+    }
+  }
 }
 
-template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS>
-cudaError_t launch_config(const SiluMulArgs& args, const Params& params, cudaStream_t stream) {
+template <typename T, typename Fn, int ELEMS, int BLOCK_THREADS, bool FLAT>
+cudaError_t launch_config(const SiluMulArgs& args, int tail, const Params& params, cudaStream_t stream) {
   const int64_t positions = args.rows * (args.hidden / ELEMS);
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(positions, BLOCK_THREADS), kMaxGridX));
+  const RowSplit split = FLAT ? RowSplit{0, 0} : RowSplit::of(std::max<int64_t>(args.hidden / ELEMS, 1));
   if (positions <= int64_t(INT32_MAX))  // g + stride stays below 2^32
-    silu_mul_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
-        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.up), args.up_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, params);
+    silu_mul_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint32_t, FLAT><<<blocks, BLOCK_THREADS, 0, stream>>>(
+        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.up), args.up_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, split, tail, params);
   else
-    silu_mul_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t><<<blocks, BLOCK_THREADS, 0, stream>>>(
-        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.up), args.up_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, params);
+    silu_mul_kernel<T, Fn, ELEMS, BLOCK_THREADS, uint64_t, FLAT><<<blocks, BLOCK_THREADS, 0, stream>>>(
+        static_cast<const T*>(args.x), args.x_row_stride, static_cast<const T*>(args.up), args.up_row_stride, static_cast<T*>(args.out), args.out_row_stride, args.rows, args.hidden, split, tail, params);
   return cudaGetLastError();
 }
 
@@ -154,24 +180,17 @@ cudaError_t launch_float32(const SiluMulArgs& args, const Params& params, cudaSt
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.up_row_stride % kVector == 0 && aligned(args.up, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
   const int64_t total = args.rows * args.hidden;
-  const bool flat = !vector_path && total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.up_row_stride == args.hidden) && aligned(args.up, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
+  const bool flat = total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.up_row_stride == args.hidden) && aligned(args.up, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
   if (flat) {
-    // Dense tensors as one row of rows × hidden elements: vector accesses for all but the last total mod
-    // kVector elements, which a second launch takes one at a time.
+    // Dense tensors as one row of rows × hidden elements: vector accesses at their index, and the last
+    // total mod kVector elements one at a time by the grid's last thread.
     SiluMulArgs body = args;
     body.rows = 1;
     body.hidden = total / kVector * kVector;
-    const cudaError_t err = launch_config<T, Fn, kVector, kBlockThreads>(body, params, stream);
-    if (err != cudaSuccess || body.hidden == total) return err;
-    SiluMulArgs tail = body;
-    tail.hidden = total - body.hidden;
-    tail.x = static_cast<const T*>(args.x) + body.hidden;
-    tail.up = static_cast<const T*>(args.up) + body.hidden;
-    tail.out = static_cast<T*>(args.out) + body.hidden;
-    return launch_config<T, Fn, 1, kBlockThreads>(tail, params, stream);
+    return launch_config<T, Fn, kVector, kBlockThreads, true>(body, int(total - body.hidden), params, stream);
   }
-  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
-                     : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
+  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads, false>(args, 0, params, stream)
+                     : launch_config<T, Fn, 1, kBlockThreads, false>(args, 0, params, stream);
 }
 
 // float16: 16-byte accesses when every tensor allows them, else 1 element per access;
@@ -183,24 +202,17 @@ cudaError_t launch_float16(const SiluMulArgs& args, const Params& params, cudaSt
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.up_row_stride % kVector == 0 && aligned(args.up, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
   const int64_t total = args.rows * args.hidden;
-  const bool flat = !vector_path && total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.up_row_stride == args.hidden) && aligned(args.up, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
+  const bool flat = total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.up_row_stride == args.hidden) && aligned(args.up, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
   if (flat) {
-    // Dense tensors as one row of rows × hidden elements: vector accesses for all but the last total mod
-    // kVector elements, which a second launch takes one at a time.
+    // Dense tensors as one row of rows × hidden elements: vector accesses at their index, and the last
+    // total mod kVector elements one at a time by the grid's last thread.
     SiluMulArgs body = args;
     body.rows = 1;
     body.hidden = total / kVector * kVector;
-    const cudaError_t err = launch_config<T, Fn, kVector, kBlockThreads>(body, params, stream);
-    if (err != cudaSuccess || body.hidden == total) return err;
-    SiluMulArgs tail = body;
-    tail.hidden = total - body.hidden;
-    tail.x = static_cast<const T*>(args.x) + body.hidden;
-    tail.up = static_cast<const T*>(args.up) + body.hidden;
-    tail.out = static_cast<T*>(args.out) + body.hidden;
-    return launch_config<T, Fn, 1, kBlockThreads>(tail, params, stream);
+    return launch_config<T, Fn, kVector, kBlockThreads, true>(body, int(total - body.hidden), params, stream);
   }
-  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
-                     : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
+  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads, false>(args, 0, params, stream)
+                     : launch_config<T, Fn, 1, kBlockThreads, false>(args, 0, params, stream);
 }
 
 // bfloat16: 16-byte accesses when every tensor allows them, else 1 element per access;
@@ -212,24 +224,17 @@ cudaError_t launch_bfloat16(const SiluMulArgs& args, const Params& params, cudaS
   constexpr int kBlockThreads = 256;
   const bool vector_path = args.hidden % kVector == 0 && args.x_row_stride % kVector == 0 && aligned(args.x, kAccessBytes) && args.up_row_stride % kVector == 0 && aligned(args.up, kAccessBytes) && args.out_row_stride % kVector == 0 && aligned(args.out, kAccessBytes);
   const int64_t total = args.rows * args.hidden;
-  const bool flat = !vector_path && total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.up_row_stride == args.hidden) && aligned(args.up, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
+  const bool flat = total >= kVector && (args.rows == 1 || args.x_row_stride == args.hidden) && aligned(args.x, kAccessBytes) && (args.rows == 1 || args.up_row_stride == args.hidden) && aligned(args.up, kAccessBytes) && (args.rows == 1 || args.out_row_stride == args.hidden) && aligned(args.out, kAccessBytes);
   if (flat) {
-    // Dense tensors as one row of rows × hidden elements: vector accesses for all but the last total mod
-    // kVector elements, which a second launch takes one at a time.
+    // Dense tensors as one row of rows × hidden elements: vector accesses at their index, and the last
+    // total mod kVector elements one at a time by the grid's last thread.
     SiluMulArgs body = args;
     body.rows = 1;
     body.hidden = total / kVector * kVector;
-    const cudaError_t err = launch_config<T, Fn, kVector, kBlockThreads>(body, params, stream);
-    if (err != cudaSuccess || body.hidden == total) return err;
-    SiluMulArgs tail = body;
-    tail.hidden = total - body.hidden;
-    tail.x = static_cast<const T*>(args.x) + body.hidden;
-    tail.up = static_cast<const T*>(args.up) + body.hidden;
-    tail.out = static_cast<T*>(args.out) + body.hidden;
-    return launch_config<T, Fn, 1, kBlockThreads>(tail, params, stream);
+    return launch_config<T, Fn, kVector, kBlockThreads, true>(body, int(total - body.hidden), params, stream);
   }
-  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads>(args, params, stream)
-                     : launch_config<T, Fn, 1, kBlockThreads>(args, params, stream);
+  return vector_path ? launch_config<T, Fn, kVector, kBlockThreads, false>(args, 0, params, stream)
+                     : launch_config<T, Fn, 1, kBlockThreads, false>(args, 0, params, stream);
 }
 
 }  // namespace
