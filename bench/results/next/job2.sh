@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A short lease: Wan's q/k norm with each tensor's heads summed and rotated in turn, the head read last rotated
+# first (wan-order.patch, against main), then on an H200 only the suite and LTX-Video. Run from a tree of main
+# with the wheels in $WHEELS (default .whl/); writes to $R (default /tmp/res), touches $R/JOB_DONE.
+set -u
+R=${R:-/tmp/res}
+mkdir -p "$R"
+source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
+done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
+# main's builds of what the fused q/k norms' tests load (the base), the patched tree's Wan op beside them
+NORM_OPS="qk_norm_rope_flux qk_norm_rope_wan qk_norm_rope qk_norm_rope3d rope_flux rope_wan rope rope3d_qk rmsnorm"
+python3 -m kgen build $NORM_OPS --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
+done_ build $?
+E=/tmp/tree-wan
+rm -rf $E && cp -r . $E && (cd $E && patch -p1 < bench/results/next/wan-order.patch) > "$R/patch.log" 2>&1
+rm -rf /tmp/kbe && cp -r /tmp/kb /tmp/kbe
+(cd $E && python3 -m kgen build qk_norm_rope_wan --arch sm_90 --compile --out /tmp/kbe) > "$R/build-wan.log" 2>&1
+timeout 150 python3 scripts/variants.py /tmp/kb /tmp/kbe qk_norm_rope_wan > "$R/variants-wan.md" 2>&1
+done_ "variants wan" $?
+for side in kb kbe; do
+  timeout 100 python3 scripts/ncu_counters.py qk_norm_rope_wan --build-dir /tmp/$side --out "$R/ncu-wan-$side.md" \
+    > "$R/ncu-wan-$side.log" 2>&1
+done
+done_ "ncu wan" $?
+# the fused q/k norms' tests (their hypothesis cases draw the op) on the patched build
+(cd $E && KGEN_TEST_BUILD_ROOT=/tmp/kbe PYTHONPATH=$E:/tmp/site timeout 240 python3 -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_rotary_norm_gpu.py) > "$R/t-wan.log" 2>&1
+done_ "tests rotary norm" $?
+H200=0; grep -q H200 "$R/gpu.txt" && H200=1
+if [ $H200 = 1 ]; then
+  python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build-all.log" 2>&1
+  timeout 420 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
+  done_ suite $?
+  python3 -m kgen report "$R/suite-all" > "$R/report.log" 2>&1
+  timeout 420 python3 -m kgen bench --e2e ltx --out "$R/e2e" --build-dir /tmp/kb > "$R/ltx.log" 2>&1
+  done_ "e2e ltx" $?
+fi
+touch "$R/JOB_DONE"
