@@ -2,11 +2,13 @@
 bar can be explained by measurement: DRAM bytes moved against the bytes counted, DRAM throughput, achieved
 against theoretical occupancy, waves, registers, instructions. With --peer, the op's torch.compile peer (as
 kgen bench compiles it: its first peer, afresh per shape, dynamic=False) at the same shapes, for the misses
-against it; --shapes keeps the shapes whose label holds one of the given texts.
+against it; --shapes keeps the shapes whose label holds one of the given texts; --backward adds each op's
+derived backward (called directly, as scripts/variants.py calls it: its kernels, no autograd).
 
 python3 scripts/ncu_counters.py rmsnorm rope3d --build-dir /tmp/kgen-build --out ncu.md
 python3 scripts/ncu_counters.py rmsnorm --peer --shapes 1×128×4096 "2048×4096" --out ncu-peers.md
 python3 scripts/ncu_counters.py qk_norm_rope_wan --extra sm__throughput.avg.pct_of_peak_sustained_elapsed
+python3 scripts/ncu_counters.py qk_norm_rope3d --backward --shapes 2×2688×2048 --out ncu-backward.md
 
 runs itself under `ncu --clock-control none` (clocks are left as they are; caches are flushed before each
 replay, as the benchmark flushes L2) and profiles only the launch between cudaProfilerStart/Stop of each
@@ -40,13 +42,15 @@ METRICS = {  # metric -> (column, the factor from ncu's base unit: ns, bytes, co
 }
 
 
-def child(ops: list[str], build_dir: Path, labels_path: Path, peer: bool, shapes: list[str]) -> None:
+def child(
+    ops: list[str], build_dir: Path, labels_path: Path, peer: bool, shapes: list[str], backward: bool
+) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from kgen.bench import example_inputs
     from kgen.builder import build_op, device_arch, load
-    from kgen.catalog import load_spec, suite
+    from kgen.catalog import backward_spec, load_spec, suite
 
     labels = []
 
@@ -62,11 +66,13 @@ def child(ops: list[str], build_dir: Path, labels_path: Path, peer: bool, shapes
         labels.append(label)
 
     for op in ops:
-        spec = load_spec(op)
-        kernel = getattr(load(build_op(op, device_arch(), build_dir)), op)
-        for case in suite(op):
+        lib = load(build_op(op, device_arch(), build_dir))
+        derived = backward_spec(op) if backward else None
+        for case, spec in [(c, s) for c in suite(op) for s in (load_spec(op), derived) if s is not None]:
             if shapes and not any(text in case.label for text in shapes):
                 continue
+            # the op's Python function; its backward's registered op
+            kernel = getattr(lib, op) if spec.name == op else getattr(lib._ops.ops, spec.name)
             params = case.param_values(spec)
             inputs = example_inputs(
                 spec, case.shape, torch.bfloat16, per_batch=case.per_batch, k_heads=case.k_heads
@@ -76,9 +82,9 @@ def child(ops: list[str], build_dir: Path, labels_path: Path, peer: bool, shapes
                 t.numel() * t.element_size()
                 for t in [*inputs, *(outputs if isinstance(outputs, tuple) else [outputs])]
             )
-            label = {"op": op, "shape": case.label, "counted": counted}
+            label = {"op": spec.name, "shape": case.label, "counted": counted}
             profiled(json.dumps(label | {"impl": "kgen"}), lambda: kernel(*inputs, *params))
-            if peer and spec.peers:
+            if peer and spec.peers and spec.name == op:
                 torch._dynamo.reset()
                 compiled = torch.compile(next(iter(spec.peers.values())), dynamic=False)
                 profiled(json.dumps(label | {"impl": "torch.compile"}), lambda: compiled(*inputs, *params))
@@ -144,6 +150,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("ncu.md"))
     parser.add_argument("--peer", action="store_true", help="also the op's torch.compile peer")
     parser.add_argument("--shapes", nargs="+", default=[], help="only shapes whose label holds one of these")
+    parser.add_argument("--backward", action="store_true", help="also each op's derived backward")
     parser.add_argument(
         "--extra",
         nargs="+",
@@ -154,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     metrics = METRICS | {m: (m, 1) for m in args.extra}
     if args.child:
-        return child(args.ops, args.build_dir, args.child, args.peer, args.shapes)
+        return child(args.ops, args.build_dir, args.child, args.peer, args.shapes, args.backward)
     labels_path = args.out.with_suffix(".labels")
     cmd = [
         "ncu",
@@ -173,6 +180,7 @@ def main() -> None:
         "--build-dir",
         str(args.build_dir),
         *(["--peer"] if args.peer else []),
+        *(["--backward"] if args.backward else []),
         *(["--shapes", *args.shapes] if args.shapes else []),
         "--child",
         str(labels_path),

@@ -27,6 +27,14 @@ done_ "ncu wan" $?
 (cd $E && KGEN_TEST_BUILD_ROOT=/tmp/kbe PYTHONPATH=$E:/tmp/site timeout 240 python3 -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_rotary_norm_gpu.py) > "$R/t-wan.log" 2>&1
 done_ "tests rotary norm" $?
+# issue 13: qk_norm_rope3d's backward (the costliest kgen kernel of LTX-Video's compiled training step, ~38 % of
+# a copy on the H100) beside its forward: DRAM bytes against the bytes counted, issue use, where warps wait
+timeout 120 python3 scripts/ncu_counters.py qk_norm_rope3d --backward --build-dir /tmp/kb --out "$R/ncu-rope3d-bwd.md" \
+  --extra smsp__issue_active.avg.pct_of_peak_sustained_active \
+  smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio \
+  smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio \
+  smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio > "$R/ncu-rope3d-bwd.log" 2>&1
+done_ "ncu qk_norm_rope3d backward" $?
 H200=0; grep -q H200 "$R/gpu.txt" && H200=1
 if [ $H200 = 1 ]; then
   python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build-all.log" 2>&1
