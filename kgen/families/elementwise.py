@@ -49,6 +49,8 @@ class Elementwise(Structure):
             "per_row",
             "positions",
             "stride",
+            "split",
+            "tail",
             "row",
             "col",
             "g",

@@ -142,10 +142,10 @@ gelu_tanh_backward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T
   }
   if (FLAT && tail > 0 && blockIdx.x == gridDim.x - 1 && threadIdx.x == BLOCK_THREADS - 1) {
     for (int k = 0; k < tail; ++k) {
-      const int64_t at = hidden + k;
-      float grad_x_e;
-      Fn::template apply<T>(to_float(x[at]), to_float(grad_out[at]), params, grad_x_e);
-      grad_x[at] = from_float<T>(grad_x_e);
+      const int64_t col = hidden + k;  // in the one row, past its last whole access
+      float grad_x_f;
+      Fn::template apply<T>(to_float(x[col]), to_float(grad_out[col]), params, grad_x_f);
+      grad_x[col] = from_float<T>(grad_x_f);
     }
   }
 }

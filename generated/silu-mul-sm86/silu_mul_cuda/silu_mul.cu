@@ -149,10 +149,10 @@ silu_mul_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restri
   }
   if (FLAT && tail > 0 && blockIdx.x == gridDim.x - 1 && threadIdx.x == BLOCK_THREADS - 1) {
     for (int k = 0; k < tail; ++k) {
-      const int64_t at = hidden + k;
-      float out_e;
-      Fn::template apply<T>(to_float(x[at]), to_float(up[at]), params, out_e);
-      out[at] = from_float<T>(out_e);
+      const int64_t col = hidden + k;  // in the one row, past its last whole access
+      float out_f;
+      Fn::template apply<T>(to_float(x[col]), to_float(up[col]), params, out_f);
+      out[col] = from_float<T>(out_f);
     }
   }
 }
