@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A short lease: Wan's q/k norm with each tensor's heads summed and rotated in turn, the head read last rotated
-# first (wan-order.patch, against main), then on an H200 only the suite and LTX-Video. Run from a tree of main
+# first (wan-order.patch, against main); the fused q/k norms' backward with a head's two sums in one pass
+# (head-pair.patch); qk_norm_rope3d's backward under ncu; then on an H200 only the suite and LTX-Video. Run from a tree of main
 # with the wheels in $WHEELS (default .whl/); writes to $R (default /tmp/res), touches $R/JOB_DONE.
 set -u
 R=${R:-/tmp/res}
@@ -27,6 +28,18 @@ done_ "ncu wan" $?
 (cd $E && KGEN_TEST_BUILD_ROOT=/tmp/kbe PYTHONPATH=$E:/tmp/site timeout 240 python3 -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_rotary_norm_gpu.py) > "$R/t-wan.log" 2>&1
 done_ "tests rotary norm" $?
+# the fused q/k norms' backward with a head's two sums in one pass (head-pair.patch): tests, then against main
+P=/tmp/tree-pair
+rm -rf $P && cp -r . $P && (cd $P && patch -p1 < bench/results/next/head-pair.patch) > "$R/patch-pair.log" 2>&1
+rm -rf /tmp/kbh && cp -r /tmp/kb /tmp/kbh
+(cd $P && python3 -m kgen build qk_norm_rope3d qk_norm_rope_flux qk_norm_rope --arch sm_90 --compile --jobs 16 \
+  --out /tmp/kbh) > "$R/build-pair.log" 2>&1
+(cd $P && KGEN_TEST_BUILD_ROOT=/tmp/kbh PYTHONPATH=$P:/tmp/site timeout 240 python3 -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_rotary_norm_gpu.py) > "$R/t-pair.log" 2>&1
+done_ "tests head pair" $?
+timeout 200 python3 scripts/variants.py /tmp/kb /tmp/kbh qk_norm_rope3d qk_norm_rope_flux qk_norm_rope \
+  > "$R/variants-pair.md" 2>&1
+done_ "variants head pair" $?
 # issue 13: qk_norm_rope3d's backward (the costliest kgen kernel of LTX-Video's compiled training step, ~38 % of
 # a copy on the H100) beside its forward: DRAM bytes against the bytes counted, issue use, where warps wait
 timeout 120 python3 scripts/ncu_counters.py qk_norm_rope3d --backward --build-dir /tmp/kb --out "$R/ncu-rope3d-bwd.md" \
