@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A short lease: Wan's q/k norm with each tensor's heads summed and rotated in turn, the head read last rotated
 # first (wan-order.patch, against main); the fused q/k norms' backward with a head's two sums in one pass
-# (head-pair.patch); qk_norm_rope3d's backward under ncu; then on an H200 only the suite and LTX-Video. Run from a tree of main
-# with the wheels in $WHEELS (default .whl/); writes to $R (default /tmp/res), touches $R/JOB_DONE.
+# (head-pair.patch); qk_norm_rope3d's backward under ncu; then on an H200 only the suite and LTX-Video. Run
+# from a tree of main with the wheels in $WHEELS (default .whl/); writes to $R (default /tmp/res), touches
+# $R/JOB_DONE.
 set -u
 R=${R:-/tmp/res}
 mkdir -p "$R"
