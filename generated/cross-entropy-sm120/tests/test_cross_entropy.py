@@ -32,7 +32,6 @@ def cross_entropy_ref(logits: torch.Tensor, label: torch.Tensor, ignore_index: i
     return torch.where(kept, loss, torch.zeros_like(loss))
 
 
-INPUTS = ["logits", "label", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'logits': (1, 1), 'label': (1,)}, {}), ({'logits': (3, 7), 'label': (3,)}, {}), ({'logits': (4, 1000), 'label': (4,)}, {}), ({'logits': (2, 5, 4096), 'label': (2, 5)}, {}), ({'logits': (3, 32001), 'label': (3,)}, {}), ({'logits': (2, 151936), 'label': (2,)}, {}), ]
@@ -53,7 +52,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "label" in absent else torch.randint(0, shapes["logits"][-1], shapes["label"], device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("logits")].view(-1)
+        lead = tensors[0].view(-1)  # logits
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

@@ -97,7 +97,6 @@ def qk_norm_rope_flux_ref(
     return rope_flux_ref(*normed, positions, theta, dim_0, dim_1, dim_2)
 
 
-INPUTS = ["x", "k", "x_weight", "k_weight", "positions", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 128), 'k': (1, 24, 128), 'x_weight': (128,), 'k_weight': (128,), 'positions': (1, 3, 24)}, {'dim_0': 16, 'dim_1': 56, 'dim_2': 56}), ({'x': (1, 3, 24, 128), 'k': (1, 3, 24, 128), 'x_weight': (128,), 'k_weight': (128,), 'positions': (1, 3, 24)}, {'dim_0': 44, 'dim_1': 42, 'dim_2': 42}), ({'x': (1, 24, 16), 'k': (1, 24, 16), 'x_weight': (16,), 'k_weight': (16,), 'positions': (1, 3, 24)}, {'dim_0': 6, 'dim_1': 0, 'dim_2': 10}), ]
@@ -123,7 +122,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "positions" in absent else torch.randn(shapes["positions"], dtype=torch.float32, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

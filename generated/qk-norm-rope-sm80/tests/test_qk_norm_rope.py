@@ -76,7 +76,6 @@ def qk_norm_rope_ref(x, k, x_weight, k_weight, cos, sin, eps=1e-6, convention="t
     return rope_ref(*normed, cos, sin, convention=convention)
 
 
-INPUTS = ["x", "k", "x_weight", "k_weight", "cos", "sin", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (2, 7, 64), 'k': (2, 7, 64), 'x_weight': (64,), 'k_weight': (64,), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (2, 3, 5, 128), 'k': (2, 3, 5, 128), 'x_weight': (128,), 'k_weight': (128,), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ]
@@ -103,7 +102,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "sin" in absent else torch.randn(shapes["sin"], dtype=dtype, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

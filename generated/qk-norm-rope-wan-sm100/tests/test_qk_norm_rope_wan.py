@@ -116,7 +116,6 @@ def qk_norm_rope_wan_ref(
     return rope_wan_ref(*normed, frames, height, width, theta, dim_t, dim_h, dim_w)
 
 
-INPUTS = ["x", "k", "x_weight", "k_weight", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 128), 'k': (1, 24, 128), 'x_weight': (128,), 'k_weight': (128,)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 16, 'dim_h': 56, 'dim_w': 56}), ({'x': (1, 3, 24, 128), 'k': (1, 3, 24, 128), 'x_weight': (384,), 'k_weight': (384,)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 44, 'dim_h': 42, 'dim_w': 42}), ({'x': (1, 24, 16), 'k': (1, 24, 16), 'x_weight': (16,), 'k_weight': (16,)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 6, 'dim_h': 0, 'dim_w': 10}), ]
@@ -141,7 +140,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "k_weight" in absent else torch.randn(shapes["k_weight"], dtype=dtype, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

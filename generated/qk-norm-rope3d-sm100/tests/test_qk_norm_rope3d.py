@@ -124,7 +124,6 @@ def qk_norm_rope3d_ref(
     return rope3d_qk_ref(*normed, *rope)
 
 
-INPUTS = ["x", "k", "x_weight", "k_weight", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 64), 'k': (1, 24, 64), 'x_weight': (64,), 'k_weight': (64,)}, {'frames': 2, 'height': 3, 'width': 4}), ]
@@ -149,7 +148,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "k_weight" in absent else torch.randn(shapes["k_weight"], dtype=dtype, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

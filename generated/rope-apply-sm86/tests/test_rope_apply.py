@@ -31,7 +31,6 @@ def rope_apply_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return x.double() * cos.double() + rotated * sin.double()
 
 
-INPUTS = ["x", "cos", "sin", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (2, 7, 64), 'cos': (2, 7, 64), 'sin': (2, 7, 64)}, {}), ({'x': (1, 5, 2), 'cos': (1, 5, 2), 'sin': (1, 5, 2)}, {}), ({'x': (2, 3, 5, 128), 'cos': (2, 5, 128), 'sin': (2, 5, 128)}, {}), ({'x': (1, 4, 33, 96), 'cos': (1, 33, 96), 'sin': (1, 33, 96)}, {}), ]
@@ -53,7 +52,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "sin" in absent else torch.randn(shapes["sin"], dtype=torch.float32, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

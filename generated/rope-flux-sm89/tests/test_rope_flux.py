@@ -62,7 +62,6 @@ def rope_flux_ref(
     return rope_apply_ref(x, cos, sin), rope_apply_ref(k, cos, sin)
 
 
-INPUTS = ["x", "k", "positions", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 2), 'k': (1, 24, 2), 'positions': (1, 3, 24)}, {'dim_0': 2, 'dim_1': 0, 'dim_2': 0}), ({'x': (1, 3, 24, 12), 'k': (1, 3, 24, 12), 'positions': (1, 3, 24)}, {'dim_0': 4, 'dim_1': 4, 'dim_2': 4}), ({'x': (1, 24, 128), 'k': (1, 24, 128), 'positions': (1, 3, 24)}, {'dim_0': 16, 'dim_1': 56, 'dim_2': 56}), ({'x': (1, 3, 24, 128), 'k': (1, 3, 24, 128), 'positions': (1, 3, 24)}, {'dim_0': 44, 'dim_1': 42, 'dim_2': 42}), ({'x': (1, 24, 16), 'k': (1, 24, 16), 'positions': (1, 3, 24)}, {'dim_0': 6, 'dim_1': 0, 'dim_2': 10}), ]
@@ -86,7 +85,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "positions" in absent else torch.randn(shapes["positions"], dtype=torch.float32, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

@@ -69,7 +69,6 @@ def rope_wan_ref(
     return rope_apply_ref(x, cos_, sin_), rope_apply_ref(k, cos_, sin_)
 
 
-INPUTS = ["x", "k", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 2), 'k': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 2, 'dim_h': 0, 'dim_w': 0}), ({'x': (1, 3, 24, 12), 'k': (1, 3, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 4, 'dim_h': 4, 'dim_w': 4}), ({'x': (1, 24, 128), 'k': (1, 24, 128)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 16, 'dim_h': 56, 'dim_w': 56}), ({'x': (1, 3, 24, 128), 'k': (1, 3, 24, 128)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 44, 'dim_h': 42, 'dim_w': 42}), ({'x': (1, 24, 16), 'k': (1, 24, 16)}, {'frames': 2, 'height': 3, 'width': 4, 'dim_t': 6, 'dim_h': 0, 'dim_w': 10}), ]
@@ -92,7 +91,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "k" in absent else torch.randn(shapes["k"], dtype=dtype, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

@@ -57,7 +57,6 @@ def rope3d_coords_ref(
     return ltx_rotary_apply(x, grid, theta, tables)
 
 
-INPUTS = ["x", "coords", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 2), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 12), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 64), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 100), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 2048), 'coords': (1, 3, 24)}, {}), ({'x': (1, 24, 4096), 'coords': (1, 3, 24)}, {}), ]
@@ -80,7 +79,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "coords" in absent else torch.randn(shapes["coords"], dtype=torch.float32, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

@@ -80,7 +80,6 @@ def rope3d_qk_ref(x: torch.Tensor, k: torch.Tensor, *params, **named) -> tuple[t
     return rope3d_ref(x, *params, **named), rope3d_ref(k, *params, **named)
 
 
-INPUTS = ["x", "k", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 2), 'k': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 12), 'k': (1, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 64), 'k': (1, 24, 64)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 100), 'k': (1, 24, 100)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 2048), 'k': (1, 24, 2048)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 4096), 'k': (1, 24, 4096)}, {'frames': 2, 'height': 3, 'width': 4}), ]
@@ -103,7 +102,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "k" in absent else torch.randn(shapes["k"], dtype=dtype, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so

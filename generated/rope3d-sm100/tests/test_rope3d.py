@@ -73,7 +73,6 @@ def rope3d_ref(
     return ltx_rotary_apply(x, grid.flatten(2, 4).transpose(1, 2), theta, tables)
 
 
-INPUTS = ["x", ]
 SPECIALS = [math.nan, math.inf, -math.inf]
 # (the inputs' shapes, params) of each call
 CASES = [({'x': (1, 24, 2)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 12)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 64)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 100)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 2048)}, {'frames': 2, 'height': 3, 'width': 4}), ({'x': (1, 24, 4096)}, {'frames': 2, 'height': 3, 'width': 4}), ]
@@ -95,7 +94,7 @@ def check(kernel, shapes, params, convention, dtype, absent=(), specials=False):
         None if "x" in absent else torch.randn(shapes["x"], dtype=dtype, device="cuda"),
     ]
     if specials:  # NaN, +inf and -inf at random places of the lead input
-        lead = tensors[INPUTS.index("x")].view(-1)
+        lead = tensors[0].view(-1)  # x
         where = torch.randperm(lead.numel(), device="cuda")[: len(SPECIALS)]
         lead[where] = torch.tensor(SPECIALS, dtype=lead.dtype, device="cuda")
     if not runs(dtype):  # this device's plans refuse the dtype, saying so
