@@ -415,8 +415,8 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
         sin_f[2 * p] = sin_f[2 * p + 1] = float(s);
       }
     }
-    float rstd_of[2] = {};  // the token's statistic per rotated tensor, summed below
-    float grad_of[2] = {};  // ... and the gradient reaching its sum (the slope times the backward sum)
+    float rstd_now = 0.0f;  // the token's statistic of the tensor whose heads are rotated now, summed below
+    float grad_now = 0.0f;  // ... and the gradient reaching its sum (the slope times the backward sum)
     // Where head h of the rotated tensors lives: x's heads first, then k's.
     auto in_ptr = [&](Index h) -> const T* {
       if (h < Index(args.grad_out_heads)) return static_cast<const T*>(args.grad_out) + int64_t(b) * args.grad_out_batch_stride + int64_t(h) * args.grad_out_head_stride + int64_t(t) * args.grad_out_token_stride + c0;
@@ -463,8 +463,7 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
       to_normed(first, v, dn);
       load_normed(h, x);
       load_weight(h, w);
-      const float rstd = first ? rstd_of[0] : rstd_of[1];
-      const float grad_row_sum = first ? grad_of[0] : grad_of[1];
+      const float rstd = rstd_now, grad_row_sum = grad_now;
       float r[kCos];
 #pragma unroll
       for (int j = 0; j < kCos; ++j) {
@@ -520,47 +519,54 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
         }
       }
     } else {
-    // the token's statistic per rotated tensor: its heads summed first (every head: the launcher keeps one
-    // chunk), each lane's share, then across the lanes; with it the backward sum of the heads' dn, and the gradient reaching the
-    // statistic's sum, which the second kernel reads with rstd
-    {
-      float sum[2] = {};
-      float back[kWeights] = {};  // the norm's back-summand needs no rstd (else the op has no backward)
+    // Per rotated tensor: the token's statistic from its heads (every head: the launcher keeps one chunk), each
+    // lane's share, then across the lanes; then its heads rotated, the head read last first. Each head is read
+    // twice: between the two reads the resident threads hold one tensor's heads, not both, and a head's second
+    // read comes soonest after its first, where its lines are likeliest still in L1 or L2 (both tensors summed,
+    // then rotated in order: Wan 1.3B's DRAM read twice the bytes counted on the H100,
+    // bench/results/flat-qk-counters-h100-2026-12-07).
+    // With the statistic, the backward sum of the heads' dn and the gradient reaching the statistic's sum, which
+    // the second kernel reads with rstd.
+    // (a loop, not unrolled: unrolled, the two tensors' passes spilled 16 bytes at 4 blocks an SM)
+#pragma unroll 1
+    for (int i = 0; i < 2; ++i) {
+      const Index lo = i == 0 ? head : Index(args.grad_out_heads);
+      const Index hi = i == 1 ? head_end : Index(args.grad_out_heads);
+      float sum = 0.0f;
+      float back = 0.0f;  // the norm's back-summand needs no rstd (else the op has no backward)
 #pragma unroll 2
-      for (Index h = 0; h < total_heads; ++h) {
+      for (Index h = lo; h < hi; ++h) {
         float v0[kCos];
         load_normed(h, v0);
-        float s = 0.0f;
+        float s = 0.0f;  // the head's share, then the tensor's
 #pragma unroll
         for (int j = 0; j < kCos; ++j) s += Norm::summand(v0[j], params);
-        const bool first = h < Index(args.grad_out_heads);
+        sum += s;
         float v[kCos], dn[kCos], w[kCos];
         load(h, v);
         load_weight(h, w);
-        to_normed(first, v, dn);
+        to_normed(i == 0, v, dn);
         float bk = 0.0f;
 #pragma unroll
         for (int j = 0; j < kCos; ++j) bk += Norm::template back_summand<T>(v0[j], w[j], 0.0f, dn[j], params);
-        if (h < Index(args.grad_out_heads)) sum[0] += s; else sum[1] += s;
-        if (first) back[0] += bk; else back[1] += bk;
+        back += bk;
       }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float row_sum = lanes_sum(sum[i], lanes_mask, int(groups));
-        rstd_of[i] = Norm::statistic(row_sum, inv_count[i], params);
-        grad_of[i] = Norm::template slope<T>(row_sum, inv_count[i], params) * lanes_sum(back[i], lanes_mask, int(groups));
-        if (group == 0) {  // every lane holds the same sums
-          stats[(int64_t(token) * kWeights + i) * 2] = rstd_of[i];
-          stats[(int64_t(token) * kWeights + i) * 2 + 1] = grad_of[i];
-        }
+      const float count = i == 0 ? inv_count[0] : inv_count[1];
+      const float row_sum = lanes_sum(sum, lanes_mask, int(groups));
+      rstd_now = Norm::statistic(row_sum, count, params);
+      grad_now = Norm::template slope<T>(row_sum, count, params) * lanes_sum(back, lanes_mask, int(groups));
+      if (group == 0) {  // every lane holds the same sums
+        stats[(int64_t(token) * kWeights + i) * 2] = rstd_now;
+        stats[(int64_t(token) * kWeights + i) * 2 + 1] = grad_now;
       }
+      Index h = hi;
+      for (; h >= lo + 2; h -= 2) {  // both loads issued before either store
+        const Held h0 = fetch(h - 1), h1 = fetch(h - 2);
+        rotate_held(h - 1, h0);
+        rotate_held(h - 2, h1);
+      }
+      if (h > lo) rotate_held(lo, fetch(lo));
     }
-    for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
-      const Held h0 = fetch(head), h1 = fetch(head + 1);
-      rotate_held(head, h0);
-      rotate_held(head + 1, h1);
-    }
-    if (head < head_end) rotate_held(head, fetch(head));
     }
   }
   if constexpr (WEIGHTS) {

@@ -344,7 +344,7 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
         sin_f[2 * p] = sin_f[2 * p + 1] = float(s);
       }
     }
-    float rstd_of[2] = {};  // the token's statistic per rotated tensor, summed below
+    float rstd_now = 0.0f;  // the token's statistic of the tensor whose heads are rotated now, summed below
     // Where head h of the rotated tensors lives: x's heads first, then k's.
     auto in_ptr = [&](Index h) -> const T* {
       if (h < Index(args.x_heads)) return static_cast<const T*>(args.x) + int64_t(b) * args.x_batch_stride + int64_t(h) * args.x_head_stride + int64_t(t) * args.x_token_stride + c0;
@@ -368,7 +368,7 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
         float w[kCos];
         load_floats<ELEMS, VEC>(weight_ptr(h), *reinterpret_cast<float(*)[ELEMS]>(w));
         if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
-        const float rstd = first ? rstd_of[0] : rstd_of[1];
+        const float rstd = rstd_now;
 #pragma unroll
         for (int j = 0; j < kCos; ++j) v[j] = Norm::template normed<T>(v[j], rstd, w[j], params);
       }
@@ -405,30 +405,36 @@ qk_norm_rope_wan_kernel(const QkNormRopeWanArgs args, Index chunks, Index heads_
     };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
-    // the token's statistic per rotated tensor: its heads summed first (every head: the launcher keeps one
-    // chunk), each lane's share, then across the lanes
-    {
-      float sum[2] = {};
+    // Per rotated tensor: the token's statistic from its heads (every head: the launcher keeps one chunk), each
+    // lane's share, then across the lanes; then its heads rotated, the head read last first. Each head is read
+    // twice: between the two reads the resident threads hold one tensor's heads, not both, and a head's second
+    // read comes soonest after its first, where its lines are likeliest still in L1 or L2 (both tensors summed,
+    // then rotated in order: Wan 1.3B's DRAM read twice the bytes counted on the H100,
+    // bench/results/flat-qk-counters-h100-2026-12-07).
+    // (a loop, not unrolled: unrolled, the two tensors' passes spilled 16 bytes at 4 blocks an SM)
+#pragma unroll 1
+    for (int i = 0; i < 2; ++i) {
+      const Index lo = i == 0 ? head : Index(args.x_heads);
+      const Index hi = i == 1 ? head_end : Index(args.x_heads);
+      float sum = 0.0f;
 #pragma unroll 4
-      for (Index h = 0; h < total_heads; ++h) {
+      for (Index h = lo; h < hi; ++h) {
         float v0[kCos];
         load(h, v0);
-        float s = 0.0f;
+        float s = 0.0f;  // the head's share, then the tensor's
 #pragma unroll
         for (int j = 0; j < kCos; ++j) s += Norm::summand(v0[j], params);
-        if (h < Index(args.x_heads)) sum[0] += s; else sum[1] += s;
+        sum += s;
       }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        rstd_of[i] = Norm::statistic(lanes_sum(sum[i], lanes_mask, int(groups)), inv_count[i], params);
+      rstd_now = Norm::statistic(lanes_sum(sum, lanes_mask, int(groups)), i == 0 ? inv_count[0] : inv_count[1], params);
+      Index h = hi;
+      for (; h >= lo + 2; h -= 2) {  // both loads issued before either store
+        const Held h0 = fetch(h - 1), h1 = fetch(h - 2);
+        rotate_held(h - 1, h0);
+        rotate_held(h - 2, h1);
       }
+      if (h > lo) rotate_held(lo, fetch(lo));
     }
-    for (; head + 1 < head_end; head += 2) {  // both loads issued before either store
-      const Held h0 = fetch(head), h1 = fetch(head + 1);
-      rotate_held(head, h0);
-      rotate_held(head + 1, h1);
-    }
-    if (head < head_end) rotate_held(head, fetch(head));
   }
 }
 // One full wave of threads on the current device, its SMs × kThreadsPerSm (e.g. H100 PCIe 114 SMs where the
