@@ -45,6 +45,7 @@ class NormGradientCode:
     slope: list[str]  # sets slope (dfinalize / drow_sum) from row_sum and inv_count
     gradient: list[str]  # sets result (the input's gradient) from x, weight, rstd, grad_normed, grad_row_sum
     weight_gradient: list[str]  # sets result (this element's share of its weight's gradient), as gradient
+    back_needs_rstd: bool  # else the backward sum is taken beside the statistic's, in one pass
 
 
 class RotaryNorm(_Model):
@@ -180,6 +181,7 @@ class RotaryNorm(_Model):
                 statements({"slope": g["slope"]}, local),
                 statements({"result": g["gradient"]}, local),
                 statements({"result": g["weight_gradient"]}, local),
+                g["back_summand"].has(rstd),
             )
         return NormCode(
             self.over,

@@ -236,12 +236,6 @@ struct Norm {
   }
 };
 
-// The sum of v over the `lanes` consecutive lanes that share a head (a power of two up to a warp; mask:
-// those lanes, which run every iteration together), in the same order on every lane.
-__device__ __forceinline__ float lanes_sum(float v, unsigned mask, int lanes) {
-  for (int offset = lanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(mask, v, offset, lanes);
-  return v;
-}
 // ---------------------------------------------------------------------------------------------
 // Grid angles, printed from the spec: each token's coordinate along each axis, each frequency, and
 // the angle of a (frequency, coordinate) pair. Tokens run row-major over (frames, height, width);
@@ -360,18 +354,28 @@ qk_norm_rope3d_backward_kernel(const QkNormRope3DBackwardArgs args, Index chunks
   // the heads of a block may walk a different number of tokens); the second lets the next sum write again.
   // (Alternating two buffers instead, one barrier a sum, spilled 24 bytes at the plan's resident blocks.)
   static_assert(BLOCK_THREADS / 64 <= 15, "the heads of a block need a named barrier each (1 to 15)");
-  __shared__ float warp_sums[WIDE ? BLOCK_THREADS / 32 : 1];
-  auto head_sum = [&](float v) {
-    v = lanes_sum(v, lanes_mask, WIDE ? 32 : int(groups));
+  // The backward's two sums of a head, the statistic's and the backward sum (its summand needs no rstd), in one
+  // pass: each in the order of one sum alone (the same bits), their shuffles interleaved, one pair of barriers
+  // for both.
+  __shared__ float2 warp_sums[WIDE ? BLOCK_THREADS / 32 : 1];
+  auto head_sums = [&](float a, float b) {
+    for (int offset = (WIDE ? 32 : int(groups)) / 2; offset > 0; offset /= 2) {
+      a += __shfl_xor_sync(lanes_mask, a, offset, WIDE ? 32 : int(groups));
+      b += __shfl_xor_sync(lanes_mask, b, offset, WIDE ? 32 : int(groups));
+    }
     if constexpr (WIDE) {
       const unsigned warps = unsigned(groups) / 32u, place = threadIdx.x / unsigned(groups);
-      if (lane == 0) warp_sums[threadIdx.x / 32u] = v;
+      if (lane == 0) warp_sums[threadIdx.x / 32u] = make_float2(a, b);
       asm volatile("bar.sync %0, %1;" ::"r"(1u + place), "r"(unsigned(groups)) : "memory");
-      // lane i takes the head's warp i (the others 0, an exact addend); the warp's sum, the same on every lane
-      v = lanes_sum(lane < warps ? warp_sums[place * warps + lane] : 0.0f, 0xffffffffu, 32);
+      const float2 mine = lane < warps ? warp_sums[place * warps + lane] : make_float2(0.0f, 0.0f);
+      a = mine.x, b = mine.y;
+      for (int offset = 16; offset > 0; offset /= 2) {
+        a += __shfl_xor_sync(0xffffffffu, a, offset, 32);
+        b += __shfl_xor_sync(0xffffffffu, b, offset, 32);
+      }
       asm volatile("bar.sync %0, %1;" ::"r"(1u + place), "r"(unsigned(groups)) : "memory");
     }
-    return v;
+    return make_float2(a, b);
   };
   // 1 / the elements normalized together, per rotated tensor, in fp32 (as the library's mean)
   const float inv_count[2] = {
@@ -475,15 +479,15 @@ qk_norm_rope3d_backward_kernel(const QkNormRope3DBackwardArgs args, Index chunks
       load_normed(h, x);
       load_weight(h, w);
       const float count = first ? inv_count[0] : inv_count[1];
-      float sum = 0.0f;
+      float sum = 0.0f, back = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kCos; ++j) sum += Norm::summand(x[j], params);
-      const float row_sum = head_sum(sum);
-      const float rstd = Norm::statistic(row_sum, count, params);
-      float back = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kCos; ++j) back += Norm::template back_summand<T>(x[j], w[j], rstd, dn[j], params);
-      const float grad_row_sum = Norm::template slope<T>(row_sum, count, params) * head_sum(back);
+      for (int j = 0; j < kCos; ++j) {
+        sum += Norm::summand(x[j], params);
+        back += Norm::template back_summand<T>(x[j], w[j], 0.0f, dn[j], params);
+      }
+      const float2 sums = head_sums(sum, back);
+      const float rstd = Norm::statistic(sums.x, count, params);
+      const float grad_row_sum = Norm::template slope<T>(sums.x, count, params) * sums.y;
       float r[kCos];
 #pragma unroll
       for (int j = 0; j < kCos; ++j) {
