@@ -461,11 +461,11 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
     };
     // dn carried through the norm to the input's gradient (the head's statistic and backward sum across its lanes; each element's share of its weight's gradient added to this thread's).
-    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
+    // (v: the incoming gradient, x: the forward's input, both of head h)
+    auto rotate_normed = [&](Index h, const float (&v)[kCos], const float (&x)[kCos]) {
       const bool first = h < Index(args.grad_out_heads);
-      float dn[kCos], x[kCos], w[kCos];
+      float dn[kCos], w[kCos];
       to_normed(first, v, dn);
-      load_normed(h, x);
       load_weight(h, w);
       const float count = first ? inv_count[0] : inv_count[1];
       float sum = 0.0f, back = 0.0f;
@@ -488,8 +488,40 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
       if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
     };
+    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
+      float x[kCos];
+      load_normed(h, x);
+      rotate_normed(h, v, x);
+    };
     const Index head_end = min(total_heads, (chunk + 1) * heads_per_thread);
     Index head = chunk * heads_per_thread;
+    if constexpr (WIDE && sizeof(T) == 2) {
+      // A head as wide as whole warps (LTX-Video's q and k: a block each) waits at its sums' barriers with no
+      // load in flight: two heads' incoming gradients and inputs are loaded, as loaded, before the first head's
+      // math. 16-bit I/O: 110-124 registers become 114-128 on sm_90, two 256-thread blocks an SM either way
+      // (float32's 80-96 would lose its third block).
+      for (; head + 1 < head_end; head += 2) {
+        Pack<T, ELEMS> loaded[2][2][kHalfPairs ? 2 : 1];  // [head][incoming gradient, input][half]
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int part = 0; part < (kHalfPairs ? 2 : 1); ++part) {
+            loaded[i][0][part] = load_pack<ELEMS, VEC>(in_ptr(head + i) + part * (args.hidden / 2));
+            loaded[i][1][part] = load_pack<ELEMS, VEC>(normed_ptr(head + i) + part * (args.hidden / 2));
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float v[kCos], x[kCos];
+#pragma unroll
+          for (int part = 0; part < (kHalfPairs ? 2 : 1); ++part) {
+            unpack(loaded[i][0][part], v + part * ELEMS);
+            unpack(loaded[i][1][part], x + part * ELEMS);
+          }
+          rotate_normed(head + i, v, x);
+        }
+      }
+    }
     // one head in flight: fewer registers, more resident warps (loading the next head before this one's math
     // cost a block per SM and 4-10 % at Flux's and Llama's shapes: bench/results/rotary-prefetch-2026-12-04)
     for (; head < head_end; ++head) {

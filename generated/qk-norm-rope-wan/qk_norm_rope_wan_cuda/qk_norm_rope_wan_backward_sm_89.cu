@@ -457,11 +457,11 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
       if constexpr (kHalfPairs) load_floats<ELEMS, VEC>(weight_ptr(h) + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(w + ELEMS));
     };
     // dn carried through the norm to the input's gradient (the token's statistics, summed before the heads).
-    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
+    // (v: the incoming gradient, x: the forward's input, both of head h)
+    auto rotate_normed = [&](Index h, const float (&v)[kCos], const float (&x)[kCos]) {
       const bool first = h < Index(args.grad_out_heads);
-      float dn[kCos], x[kCos], w[kCos];
+      float dn[kCos], w[kCos];
       to_normed(first, v, dn);
-      load_normed(h, x);
       load_weight(h, w);
       const float rstd = rstd_now, grad_row_sum = grad_now;
       float r[kCos];
@@ -472,6 +472,11 @@ qk_norm_rope_wan_backward_kernel(const QkNormRopeWanBackwardArgs args, Index chu
       T* out = out_ptr(h);
       store_floats<ELEMS, VEC>(out, *reinterpret_cast<float(*)[ELEMS]>(r));
       if constexpr (kHalfPairs) store_floats<ELEMS, VEC>(out + args.hidden / 2, *reinterpret_cast<float(*)[ELEMS]>(r + ELEMS));
+    };
+    auto rotate_store = [&](Index h, const float (&v)[kCos]) {
+      float x[kCos];
+      load_normed(h, x);
+      rotate_normed(h, v, x);
     };
     // Head h's accesses as loaded, for a head whose math waits for another's: 16-bit elements two to a register
     // (held as fp32, two heads took 7-9 % longer in rope_wan and rope3d_qk: bench/results/rotary-prefetch-2026-12-04)
