@@ -176,6 +176,33 @@ def test_generated_python_has_no_constant_conditions():
                         )
 
 
+def test_the_project_test_reports_and_takes_its_seed(tmp_path, monkeypatch, capsys):
+    """The project's own test draws random inputs: each test prints their seed (pytest shows it beside a
+    failure) and KGEN_TEST_SEED=<seed> draws the same inputs again; without it every test draws afresh."""
+    import importlib.util
+
+    import torch
+
+    path = tmp_path / "test_rmsnorm.py"
+    path.write_text(render_target(resolve_target("rmsnorm", "sm_90"))["tests/test_rmsnorm.py"])
+    spec = importlib.util.spec_from_file_location("generated_project_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def draw():
+        seed = module.seed_inputs()
+        return seed, torch.randn(8), capsys.readouterr().out
+
+    monkeypatch.setenv("KGEN_TEST_SEED", "1234")
+    (seed, first, said), (_, again, _) = draw(), draw()
+    assert seed == 1234 and torch.equal(first, again)
+    assert "seed 1234 (KGEN_TEST_SEED=1234 draws them again)" in said
+    monkeypatch.delenv("KGEN_TEST_SEED")
+    fresh = [draw() for _ in range(4)]
+    assert len({seed for seed, _, _ in fresh}) == 4  # 4 draws of 2^31 seeds
+    assert all(f"seed {seed} (KGEN_TEST_SEED={seed} " in said for seed, _, said in fresh)
+
+
 def test_the_plan_is_written_once_per_project():
     """The plan (every configuration and its reason) opens the .cu; the .h points to it instead of
     repeating it (a backward's kernels have their own .cu and .h, with their own plan)."""
