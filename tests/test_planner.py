@@ -240,35 +240,66 @@ def test_rotary_grid_angles_shared_by_the_batch(op, pass_, shares):
 
 
 @pytest.mark.parametrize(
-    "op, pass_, device_wave",
+    "op, pass_, wave",
     [
-        ("rope", "forward", True),
-        ("rope", "backward", True),  # no weights: nothing summed across blocks
-        ("rope_wan", "forward", True),
-        ("qk_norm_rope", "forward", True),
-        ("qk_norm_rope", "backward", False),  # the weights' partial rows, one per block: a fixed partition
-        ("qk_norm_rope_wan", "backward", False),
+        ("rope", "forward", "device_wave_threads()"),
+        ("rope", "backward", "device_wave_threads()"),  # no weights: nothing summed across blocks
+        ("rope_wan", "forward", "device_wave_threads()"),
+        ("qk_norm_rope", "forward", "device_wave_threads()"),
+        ("qk_norm_rope", "backward", "kMinThreads"),  # weights summed: the profile's wave, the same bits...
+        ("qk_norm_rope_wan", "backward", "kMinThreads"),
     ],
 )
-def test_rotary_launchers_take_the_devices_wave(op, pass_, device_wave):
+def test_rotary_launchers_take_the_devices_wave(op, pass_, wave):
     """A rotary launcher's one full wave is the device's SMs × the arch's threads per SM (every board of an
-    arch shares that, not its SM count: H100 PCIe 114 SMs, SXM 132), the profile's board's only where the
-    runtime cannot say, or where the blocks partition a weight's gradient (then the same bits on every board);
-    the explain grid says which."""
+    arch shares that, not its SM count: H100 PCIe 114 SMs, SXM 132); where blocks sum a weight's gradient
+    the profile board's (the same bits on every board), and a head norm's backward grid stops at the row
+    reductions' partition (132 SMs × 1024 threads: half a wave of partial rows); the explain grid says
+    which."""
     from kgen.builder import render_target
     from kgen.catalog import backward_spec
     from kgen.project import resolve_target
 
     name = op if pass_ == "forward" else f"{op}_backward"
     source = render_target(resolve_target(op, "sm_90"))[f"{op}_cuda/{name}.cu"]
-    assert ("const int64_t wave_threads = device_wave_threads();" in source) == device_wave
-    assert ("const int64_t wave_threads = kMinThreads;" in source) == (not device_wave)
+    assert f"const int64_t wave_threads = {wave};" in source
+    assert source.count("const int64_t wave_threads = ") == 1
     assert "kMinThreads / BLOCK_THREADS" not in source and "ceil_div(kMinThreads" not in source
     spec = load_spec(op) if pass_ == "forward" else backward_spec(op)
     grid = {
         c[0]: c[2] for c in plan_launch(spec, load_profile("sm_90"), "bfloat16", (1, 12, 4096, 128)).choices
     }
-    assert ("a launch counts its device's SMs" in grid["grid"]) == device_wave
+    assert ("a launch counts its device's SMs" in grid["grid"]) == (wave == "device_wave_threads()")
+    assert (
+        "at most the weights' gradient partition" not in grid["grid"]
+    )  # 12 heads × 128: narrow partial rows
+
+
+def test_a_head_norm_backward_with_wide_partial_rows_stops_at_the_partition():
+    """LTX-Video's q/k norm across every head (weights of 2048): a wave of partial rows would be 17 MB, past
+    WIDE_PARTIAL_BYTES, so the grid stops at the row reductions' partition (528 blocks, the launcher's
+    `wide`) and the wide column sum adds them; Qwen3's per-head weights (128) keep a wave and 8 slices."""
+    from kgen.builder import render_target
+    from kgen.catalog import backward_spec
+    from kgen.families.rotary import WIDE_PARTIAL_BYTES
+    from kgen.project import resolve_target
+
+    source = render_target(resolve_target("qk_norm_rope3d", "sm_90"))[
+        "qk_norm_rope3d_cuda/qk_norm_rope3d_backward.cu"
+    ]
+    assert f"constexpr int64_t kWidePartialBytes = {WIDE_PARTIAL_BYTES >> 20} << 20;" in source
+    assert "(wide ? kPartialThreads : wave_threads) / BLOCK_THREADS" in source
+    assert "kWeights * args.hidden, args.hidden, wide);" in source
+    for op, shape, blocks, partition in (
+        ("qk_norm_rope3d", (2, 2688, 2048), 528, True),
+        ("qk_norm_rope3d", (2, 8064, 2048), 528, True),
+        ("qk_norm_rope", (1, 32, 8192, 128), 1060, False),
+    ):
+        k_heads = 8 if op == "qk_norm_rope" else None
+        plan = plan_launch(backward_spec(op), load_profile("sm_90"), "bfloat16", shape, k_heads=k_heads)
+        grid = {c[0]: c for c in plan.choices}["grid"]
+        assert grid[1] == f"{blocks} blocks", grid
+        assert ("at most the weights' gradient partition (528 blocks" in grid[2]) == partition, grid
 
 
 def test_row_grid_fill_counts_the_devices_sms():

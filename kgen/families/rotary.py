@@ -36,7 +36,7 @@ from .base import (
     scalar_values,
     vector_notes,
 )
-from .rotary_backward import backward_spec, cos, cos_pair, sign, sin, sin_pair  # noqa: F401 (the specs')
+from .rotary_backward import WIDE_PARTIAL_BYTES, backward_spec, cos, cos_pair, sign, sin, sin_pair  # noqa: F401
 from .rotary_grid import COORDINATES, GridAngles, GridCode, coord, freq, k, n_freq  # noqa: F401 (the specs' names)
 from .rotary_norm import WEIGHT_DIMS, NormCode, RotaryNorm, inv_count, row_sum, rstd, weight  # noqa: F401
 
@@ -335,10 +335,9 @@ class RotaryFamily(Family):
             choices.append(("angles", spec.structure.grid.precision, kernel.notes["angles"]))
         if "weight gradients" in kernel.notes:
             per_head = spec.structure.norm.over == "token"
-            most = (kernel.partial_threads if per_head else kernel.wave_threads) // b.block_threads
-            partials = f"≤ {most} fp32 partial rows " + (
-                "of every head's channels" if per_head else "per weight"
-            )
+            most = kernel.partial_threads // b.block_threads if per_head else grid  # head norm: a row a block
+            each = "of every head's channels" if per_head else "per weight"
+            partials = f"≤ {most} fp32 partial rows {each}"
             choices.append(("weight gradients", partials, kernel.notes["weight gradients"]))
         if "weight gradients" in kernel.notes and per_head:  # held_kernel's grid, where a block holds a token
             batch, each, tokens, _ = self._layout(spec, case)
@@ -396,12 +395,15 @@ class RotaryFamily(Family):
     def _grid(
         self, spec: OpSpec, kernel: RotaryPlan, case: Case, per_thread: int, threads: int
     ) -> tuple[int, str]:
-        """The generated launch_config's grid for ``case``: a thread keeps a channel group of one chunk of the
-        heads; chunks until the threads fill one full wave (one chunk when a norm sums a token's heads); at
-        most that wave, threads walking the rest. (blocks, why)"""
+        """The generated launch_config's grid: a thread keeps a channel group of a chunk of the heads; chunks
+        until the threads fill one full wave (one chunk for a token's norm); at most that wave (a head norm's
+        backward with wide partial rows: its weights' partition), threads walking the rest."""
         batch, heads, tokens, hidden = self._layout(spec, case)
         groups, total, wave = hidden // per_thread, sum(heads), kernel.wave_threads
         by_token = spec.structure.norm is not None and spec.structure.norm.over == "token"
+        partition = spec.structure.norm_inputs is not None and not by_token  # a head norm's weights' rows
+        partition &= wave // threads * len(heads) * hidden * 4 > WIDE_PARTIAL_BYTES  # ... wide: the partition
+        most = kernel.partial_threads if partition else wave  # the grid's threads at most
         together = batch if spec.structure.batch_shares_angles else 1  # the batches a thread takes at once
         batch //= together
         chunks = 1 if by_token else min(total, max(1, -(-wave // (batch * tokens * groups))))
@@ -412,7 +414,7 @@ class RotaryFamily(Family):
             per = -(-total // (chunks := -(-total // per)))
         keep = groups * (chunks if split else 1)
         step = keep // math.gcd(keep, threads)  # the thread count a multiple of keep
-        blocks = min(-(-batch * tokens * groups * chunks // threads), wave // threads)
+        blocks = min(-(-batch * tokens * groups * chunks // threads), most // threads)
         blocks = -(-blocks // step) * step  # (far below gridDim.x's limit: at most a wave)
         items = batch * tokens * groups * chunks
         why = (
@@ -420,12 +422,13 @@ class RotaryFamily(Family):
             + (", an access of each half" if spec.structure.pairing == "half" else "")
             + f") × {chunks} chunk{'s' if chunks > 1 else ''} of ≤ {per} of the {total} heads"
             + f" ({' + '.join(map(str, heads))})" * (len(heads) > 1)
-            + f" = {items} threads, in blocks of {threads}; at most one full wave ({wave // threads} blocks: "
-            f"{wave} threads), threads walking tokens"
+            + f" = {items} threads, in blocks of {threads}; at most "
+            + ("the weights' gradient partition" if partition else "one full wave")
+            + f" ({most // threads} blocks: {most} threads), threads walking tokens"
             + f" (each token with its {together} batches' heads)" * (together > 1)
             + ("" if kernel.notes.get("weight gradients") else "; a launch counts its device's SMs")
         )
-        if blocks > wave // threads:  # the grid's threads a multiple of keep
+        if blocks > most // threads:  # the grid's threads a multiple of keep
             why += (
                 f"; rounded up to a multiple of {step} blocks: a thread keeps its channel group as it walks"
             )

@@ -14,6 +14,12 @@ from .rotary_norm import rstd
 # but a backward reads them: the partner's output holds this element with the partner's angle)
 cos, sin, sign, cos_pair, sin_pair = sp.symbols("cos sin sign cos_pair sin_pair")
 
+# A head norm's backward whose wave of weight partial rows (a row per block) passes this many bytes stops its
+# grid at the row reductions' partition, half a wave, and sums them with the wide column sum: its launcher's
+# kWidePartialBytes (qk_norm_rope3d's 17 MB, a norm across every head: 1.10-1.23x; a weight per head keeps a
+# wave: bench/results/partials-h100-2026-12-07).
+WIDE_PARTIAL_BYTES = 4 << 20
+
 
 def backward_spec(spec: OpSpec) -> OpSpec | None:
     """A rotation again, of the outputs' gradients into the rotated inputs' (the transpose: rotation by

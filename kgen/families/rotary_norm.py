@@ -149,7 +149,10 @@ class RotaryNorm(_Model):
                 "each thread adds its channels' shares of one weight over the heads and tokens it walks "
                 "(fp32 registers: it keeps one chunk of one tensor's heads); a block adds its threads' in "
                 "thread order into one fp32 partial row per weight, and a second kernel adds the rows in "
-                "block order, rounding once: deterministic, no atomics, at most one full wave of partial rows"
+                "block order, rounding once: deterministic, no atomics; at most one full wave of partial "
+                f"rows, or {partial_threads} threads (the profile's planner.column_reduce."
+                "resident_threads_per_sm per SM, half a wave) where a wave's would pass 4 MB (weights across "
+                "every head)"
             )
         elif backward:
             notes["weight gradients"] = (

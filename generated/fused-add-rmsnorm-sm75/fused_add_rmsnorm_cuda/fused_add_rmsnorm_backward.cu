@@ -229,20 +229,22 @@ constexpr int kSumSlices = 8;    // ... and slices of the partial rows each bloc
 constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
 
 // Column `position` of `rows` partial rows `stride` floats apart (inactive threads add nothing), summed in the
-// fixed order above; every thread of the block gets the total and must call this (it synchronizes the block).
+// fixed order above over SLICES slices (a block of kSumColumns × SLICES threads); every thread of the block gets
+// the total and must call this (it synchronizes the block).
+template <int SLICES = kSumSlices>
 __device__ __forceinline__ float ordered_column_sum(const float* __restrict__ partials, int64_t rows, int64_t stride,
                                                     int64_t position, bool active) {
-  __shared__ float slices[kSumSlices][kSumColumns];
+  __shared__ float slices[SLICES][kSumColumns];
   float sum = 0.0f;
   if (active) {
 #pragma unroll kSumUnroll
-    for (int64_t s = threadIdx.y; s < rows; s += kSumSlices) sum += partials[s * stride + position];
+    for (int64_t s = threadIdx.y; s < rows; s += SLICES) sum += partials[s * stride + position];
   }
   slices[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   float total = slices[0][threadIdx.x];
 #pragma unroll
-  for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
+  for (int g = 1; g < SLICES; ++g) total += slices[g][threadIdx.x];
   __syncthreads();  // the slices may be written again by the next call
   return total;
 }

@@ -10,7 +10,7 @@
 //   block_threads: 256 threads per block (profile planner.block_threads), each one access of a token's channels in every head (cos and sin fetched once per token), unless that leaves fewer threads than one full wave: then heads are split in chunks
 //   heads in flight: 1 head in flight per thread with a norm over each head (profile planner.rotary.heads_in_flight)
 //   norm: each head normalized before its rotation, in the same pass: a thread sums its elements, then the lanes sharing the head (consecutive lanes of one warp) add theirs by warp shuffles (a head wider than a warp: its warps' sums in shared memory, added by shuffles between two barriers of the head's threads); the thread's weights are read per head (L1 hits; see heads in flight); the scalar path keeps the vector path's elements per thread, so that the lanes of a head are the same
-//   weight gradients: each thread adds its channels' shares of one weight over the heads and tokens it walks (fp32 registers: it keeps one chunk of one tensor's heads); a block adds its threads' in thread order into one fp32 partial row per weight, and a second kernel adds the rows in block order, rounding once: deterministic, no atomics, at most one full wave of partial rows
+//   weight gradients: each thread adds its channels' shares of one weight over the heads and tokens it walks (fp32 registers: it keeps one chunk of one tensor's heads); a block adds its threads' in thread order into one fp32 partial row per weight, and a second kernel adds the rows in block order, rounding once: deterministic, no atomics; at most one full wave of partial rows, or 40960 threads (the profile's planner.column_reduce.resident_threads_per_sm per SM, half a wave) where a wave's would pass 4 MB (weights across every head)
 //   angles: computed in the kernel in float64 (as the matched library's float64 tables): a thread's frequencies once (it keeps its channels), sin and cos once per token, shared by every head and rotated tensor; no table read
 //   float32: 4 elem/access, 4 elem/access; 256 threads/block
 //   float16: 8 elem/access, 8 elem/access; 256 threads/block
@@ -128,20 +128,22 @@ constexpr int kSumSlices = 8;    // ... and slices of the partial rows each bloc
 constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
 
 // Column `position` of `rows` partial rows `stride` floats apart (inactive threads add nothing), summed in the
-// fixed order above; every thread of the block gets the total and must call this (it synchronizes the block).
+// fixed order above over SLICES slices (a block of kSumColumns × SLICES threads); every thread of the block gets
+// the total and must call this (it synchronizes the block).
+template <int SLICES = kSumSlices>
 __device__ __forceinline__ float ordered_column_sum(const float* __restrict__ partials, int64_t rows, int64_t stride,
                                                     int64_t position, bool active) {
-  __shared__ float slices[kSumSlices][kSumColumns];
+  __shared__ float slices[SLICES][kSumColumns];
   float sum = 0.0f;
   if (active) {
 #pragma unroll kSumUnroll
-    for (int64_t s = threadIdx.y; s < rows; s += kSumSlices) sum += partials[s * stride + position];
+    for (int64_t s = threadIdx.y; s < rows; s += SLICES) sum += partials[s * stride + position];
   }
   slices[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   float total = slices[0][threadIdx.x];
 #pragma unroll
-  for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
+  for (int g = 1; g < SLICES; ++g) total += slices[g][threadIdx.x];
   __syncthreads();  // the slices may be written again by the next call
   return total;
 }
@@ -152,6 +154,10 @@ constexpr int kAccessBytes = 16;  // the vector path's access: profile max_acces
 constexpr int64_t kMinThreads = 40960;  // 40 SMs × 1024 threads: one full wave of the profile's board
 constexpr bool kHalfPairs = false;  // pairs (2i, 2i + 1): interleaved
 constexpr int kWeights = 2;  // the norm weights whose gradients this backward sums
+// The weights' gradients: a block adds its threads' shares into one fp32 partial row per weight, the blocks at most
+// this many threads (never more with the token count):
+// 40 SMs × planner.column_reduce.resident_threads_per_sm, the row reductions' gradient partition
+constexpr int64_t kPartialThreads = 40960;
 
 struct Params {
   float theta;  // FluxPosEmbed theta
@@ -558,11 +564,17 @@ qk_norm_rope_flux_backward_kernel(const QkNormRopeFluxBackwardArgs args, Index c
 
 // The weights' gradients: column c of the partial rows (`row` floats each: the first weight's `split` columns,
 // then the second's) is the blocks' rows added in a fixed order (ordered_column_sum), rounded once to the dtype.
-template <typename T>
-__global__ void __launch_bounds__(kSumColumns * kSumSlices)
+// Wide partial rows (a wave's beyond kWidePartialBytes: qk_norm_rope3d's 1056 rows of 4096 floats, 17 MB) are at
+// most the partition's and summed by blocks of 32 slices, 1024 threads: at 8 slices the loads in flight left them
+// latency-bound (13.8 µs a call, H100); narrow ones (a weight per head: 1 MB) keep a wave's grid and 8 slices,
+// where 32 ran 0.96-0.98x (bench/results/partials-h100-2026-12-07).
+constexpr int kWideSumSlices = 32;
+constexpr int64_t kWidePartialBytes = 4 << 20;
+template <typename T, int SLICES>
+__global__ void __launch_bounds__(kSumColumns * SLICES)
 weight_sum_kernel(const QkNormRopeFluxBackwardArgs args, const float* __restrict__ partials, int64_t blocks, int64_t row, int64_t split) {
   const int64_t c = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
-  const float total = ordered_column_sum(partials, blocks, row, c, c < row);
+  const float total = ordered_column_sum<SLICES>(partials, blocks, row, c, c < row);
   if (threadIdx.y == 0 && c < row) {
     if (c < split) static_cast<T*>(args.grad_x_weight)[c] = from_float<T>(total);
     else static_cast<T*>(args.grad_k_weight)[c - split] = from_float<T>(total);
@@ -589,7 +601,11 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
   // At most one full wave of blocks, each thread then walking several tokens; the thread count a
   // multiple of groups, so that every thread keeps its channel group.
   const int64_t step = groups / std::gcd(groups, int64_t(BLOCK_THREADS));  // blocks: a multiple of step
-  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), wave_threads / BLOCK_THREADS);
+  // ... and where a wave's fp32 partial rows of the weights (one per block) pass kWidePartialBytes (a norm across
+  // every head: weights of the hidden size), at most the row reductions' partition, half a wave: half the rows
+  // written and summed again, by the wide column sum
+  const bool wide = wave_threads / BLOCK_THREADS * kWeights * args.hidden * int64_t(sizeof(float)) > kWidePartialBytes;
+  int64_t blocks = std::min(ceil_div(threads_per_head * chunks, int64_t(BLOCK_THREADS)), (wide ? kPartialThreads : wave_threads) / BLOCK_THREADS);
   blocks = std::min(ceil_div(blocks, step) * step, kMaxGridX / step * step);
   // launch(index) launches a kernel with indices of index's type: 32-bit when every count of the launch fits
   auto indexed = [&](int64_t of_chunks, int64_t per_thread, int64_t of_blocks, auto launch) {
@@ -601,9 +617,12 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
     return cudaGetLastError();
   };
   // the weights' gradients from `of_blocks` partial rows of `row` floats (the first weight's `split` columns first)
-  auto sum_weights = [&](const float* partials, int64_t of_blocks, int64_t row, int64_t split) {
-    weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-        args, partials, of_blocks, row, split);
+  auto sum_weights = [&](const float* partials, int64_t of_blocks, int64_t row, int64_t split, bool wide = false) {
+    const unsigned columns = unsigned(ceil_div<int64_t>(row, kSumColumns));
+    if (wide)
+      weight_sum_kernel<T, kWideSumSlices><<<columns, dim3(kSumColumns, kWideSumSlices), 0, stream>>>(args, partials, of_blocks, row, split);
+    else
+      weight_sum_kernel<T, kSumSlices><<<columns, dim3(kSumColumns, kSumSlices), 0, stream>>>(args, partials, of_blocks, row, split);
     return cudaGetLastError();
   };
   // one fp32 partial row per block and weight, from the binding's caching allocator
@@ -619,7 +638,7 @@ cudaError_t launch_config(const QkNormRopeFluxBackwardArgs& args, const Params& 
           args, I(chunks), I(heads_per_thread), params, partials);
   });
   if (err != cudaSuccess) return err;
-  return sum_weights(partials, blocks, kWeights * args.hidden, args.hidden);
+  return sum_weights(partials, blocks, kWeights * args.hidden, args.hidden, wide);
 }
 
 template <typename T, typename TT>

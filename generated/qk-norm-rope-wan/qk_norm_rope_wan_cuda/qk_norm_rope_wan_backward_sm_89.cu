@@ -129,20 +129,22 @@ constexpr int kSumSlices = 8;    // ... and slices of the partial rows each bloc
 constexpr int kSumUnroll = 8;    // ... a slice's loads in flight at once (added in the same order: the L2 latency once, not per row)
 
 // Column `position` of `rows` partial rows `stride` floats apart (inactive threads add nothing), summed in the
-// fixed order above; every thread of the block gets the total and must call this (it synchronizes the block).
+// fixed order above over SLICES slices (a block of kSumColumns × SLICES threads); every thread of the block gets
+// the total and must call this (it synchronizes the block).
+template <int SLICES = kSumSlices>
 __device__ __forceinline__ float ordered_column_sum(const float* __restrict__ partials, int64_t rows, int64_t stride,
                                                     int64_t position, bool active) {
-  __shared__ float slices[kSumSlices][kSumColumns];
+  __shared__ float slices[SLICES][kSumColumns];
   float sum = 0.0f;
   if (active) {
 #pragma unroll kSumUnroll
-    for (int64_t s = threadIdx.y; s < rows; s += kSumSlices) sum += partials[s * stride + position];
+    for (int64_t s = threadIdx.y; s < rows; s += SLICES) sum += partials[s * stride + position];
   }
   slices[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   float total = slices[0][threadIdx.x];
 #pragma unroll
-  for (int g = 1; g < kSumSlices; ++g) total += slices[g][threadIdx.x];
+  for (int g = 1; g < SLICES; ++g) total += slices[g][threadIdx.x];
   __syncthreads();  // the slices may be written again by the next call
   return total;
 }
@@ -858,11 +860,16 @@ qk_norm_rope_wan_backward_held_kernel(const QkNormRopeWanBackwardArgs args, Inde
 
 // The weights' gradients: column c of the partial rows (`row` floats each: the first weight's `split` columns,
 // then the second's) is the blocks' rows added in a fixed order (ordered_column_sum), rounded once to the dtype.
-template <typename T>
-__global__ void __launch_bounds__(kSumColumns * kSumSlices)
+// Wide partial rows (a wave's beyond kWidePartialBytes: qk_norm_rope3d's 1056 rows of 4096 floats, 17 MB) are at
+// most the partition's and summed by blocks of 32 slices, 1024 threads: at 8 slices the loads in flight left them
+// latency-bound (13.8 µs a call, H100); narrow ones (a weight per head: 1 MB) keep a wave's grid and 8 slices,
+// where 32 ran 0.96-0.98x (bench/results/partials-h100-2026-12-07).
+constexpr int kWideSumSlices = 32;
+template <typename T, int SLICES>
+__global__ void __launch_bounds__(kSumColumns * SLICES)
 weight_sum_kernel(const QkNormRopeWanBackwardArgs args, const float* __restrict__ partials, int64_t blocks, int64_t row, int64_t split) {
   const int64_t c = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
-  const float total = ordered_column_sum(partials, blocks, row, c, c < row);
+  const float total = ordered_column_sum<SLICES>(partials, blocks, row, c, c < row);
   if (threadIdx.y == 0 && c < row) {
     if (c < split) static_cast<T*>(args.grad_x_weight)[c] = from_float<T>(total);
     else static_cast<T*>(args.grad_k_weight)[c - split] = from_float<T>(total);
@@ -898,9 +905,12 @@ cudaError_t launch_config(const QkNormRopeWanBackwardArgs& args, const Params& p
     return cudaGetLastError();
   };
   // the weights' gradients from `of_blocks` partial rows of `row` floats (the first weight's `split` columns first)
-  auto sum_weights = [&](const float* partials, int64_t of_blocks, int64_t row, int64_t split) {
-    weight_sum_kernel<T><<<unsigned(ceil_div<int64_t>(row, kSumColumns)), dim3(kSumColumns, kSumSlices), 0, stream>>>(
-        args, partials, of_blocks, row, split);
+  auto sum_weights = [&](const float* partials, int64_t of_blocks, int64_t row, int64_t split, bool wide = false) {
+    const unsigned columns = unsigned(ceil_div<int64_t>(row, kSumColumns));
+    if (wide)
+      weight_sum_kernel<T, kWideSumSlices><<<columns, dim3(kSumColumns, kWideSumSlices), 0, stream>>>(args, partials, of_blocks, row, split);
+    else
+      weight_sum_kernel<T, kSumSlices><<<columns, dim3(kSumColumns, kSumSlices), 0, stream>>>(args, partials, of_blocks, row, split);
     return cudaGetLastError();
   };
   // A token's heads held by its threads where they fit a block: chunks of at most kHeldElems / kCos heads, the
