@@ -207,7 +207,8 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     model, inputs = check_output_matches(SMALL, served_ops, build_root)
     bf16 = cast(inputs)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(**bf16, return_dict=False)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(**bf16, return_dict=False)
     assert explained.graph_break_count == 0, explained.break_reasons
     code = "".join(g.code for g in explained.graphs)
     for op in (
@@ -223,6 +224,36 @@ def test_compiles_whole_with_no_graph_breaks(served_ops, build_root):
     with torch.no_grad():
         compiled = torch.compile(model, fullgraph=True)(**bf16, return_dict=False)[0].double()
     assert (compiled - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
+
+
+def test_a_compiled_training_step_leaves_the_blocks_norms_to_inductor(served_ops, build_root):
+    """Traced with autograd on, the blocks are diffusers' own (norms, modulation, residual adds: Inductor
+    fuses them with the gradient adds around them) and norm_out too; the attentions' q/k norms with the
+    rotation and the GELU stay kgen's; no graph break; the compiled step's loss and gradients are the eager
+    patched model's."""
+    model, inputs = check_output_matches(SMALL, served_ops, build_root)
+    model.train()
+    bf16 = cast(inputs)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(**bf16, return_dict=False)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    code = "".join(g.code for g in explained.graphs)
+    assert "qk_norm_rope3d" in code and "gelu_tanh" in code and "rmsnorm" in code
+    assert "adaln" not in code, "a block's AdaLN norm traced as kgen's op"
+
+    def step(m):  # the model's own parameters: a compiled module's names carry a prefix
+        model.zero_grad(set_to_none=True)
+        loss = m(**bf16, return_dict=False)[0].float().square().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.double() for n, p in model.named_parameters()}
+
+    eager_loss, eager_grads = step(model)
+    torch._dynamo.reset()
+    loss, grads = step(torch.compile(model, fullgraph=True))
+    assert abs(loss.item() - eager_loss.item()) <= 0.02 * abs(eager_loss.item())
+    for name, want in eager_grads.items():
+        assert torch.isfinite(grads[name]).all(), name
+        assert (grads[name] - want).norm().item() <= 0.1 * want.norm().item() + 1e-6, name
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a CUDA device")
