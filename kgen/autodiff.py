@@ -81,21 +81,26 @@ def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None,
     input the backward does not take (a linear op's gradients do not depend on it) is zeros shaped like the
     input ``stand_in`` maps it to, or (``aliases``) the backward input it maps to (a saved sum: its first
     input). Returns the gradient of every input (named in ``returns``) in order, one ``passes`` maps to the
-    incoming gradient it equals empty where it has that gradient's shape."""
+    incoming gradient it equals empty where it has that gradient's shape. By default the inputs are float64
+    leaves (the exact gradient, which the GPU tests hold kernels to); ``rounded=True`` keeps each in its own
+    dtype, so the forward reference's roundings to that dtype round the values as the convention does (and the
+    gradients at each rounding and each use of an input): `kgen check` compares derived math with both."""
     names = [t.name for t in forward.inputs]
     grads = [gradient_name(t.name) for t in forward.outputs]
     order, reference = order or names + grads, forward.reference
     takes_convention = "convention" in inspect.signature(reference).parameters
 
-    def backward_reference(*args, convention=None, **params):
+    def backward_reference(*args, convention=None, rounded=False, **params):
         import torch
 
         given = dict(zip(order, args))
         given |= {n: torch.zeros_like(given[other]) for n, other in (stand_in or {}).items()}
         given |= {n: given[other] for n, other in (aliases or {}).items()}
 
-        def leaf(t):  # float64 and requiring grad; an index tensor (a label) as it is
-            return t.detach().double().requires_grad_() if t.is_floating_point() else t
+        def leaf(t):  # float64 (or as given) and requiring grad; an index tensor (a label) as it is
+            if not t.is_floating_point():
+                return t
+            return (t.detach().clone() if rounded else t.detach().double()).requires_grad_()
 
         inputs = [None if given[n] is None else leaf(given[n]) for n in names]
         incoming = [given[g].double() for g in grads]
@@ -111,7 +116,7 @@ def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None,
         ):  # zeros for an input the outputs do not use, empty for an absent one, none for an index
             if t is None or not t.requires_grad:
                 return torch.zeros(0, dtype=torch.float64)
-            return torch.zeros_like(t) if (g := next(found)) is None else g
+            return (torch.zeros_like(t) if (g := next(found)) is None else g).double()
 
         by_name = dict(zip(names, map(grad_of, inputs)))
         by_name |= {

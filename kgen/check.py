@@ -7,9 +7,12 @@ bfloat16, and compared with the float64 reference: a spec whose math and referen
 before any kernel is built. The forward runs once more with a NaN, +inf and -inf in its lead input: where the
 reference gives a NaN or an infinity the math must give the same (a comparison is false at NaN, so a
 Piecewise whose last branch drops it turns a NaN into a number: a silent failure on bad input). Where the
-family derives the op's backward, its derived math is checked the same way against autograd of the
-reference, whose gradient is rounded to the dtype at each of the convention's roundings it flows back through
-(the derived math takes a rounding's derivative as 1, unrounded): the tolerance grows by one step per
+family derives the op's backward, its derived math (which takes a rounding's derivative as 1, at the
+forward's rounded values) is checked the same way against autograd of the reference, run twice: at float64
+leaves (no rounding moves a value: near a cancellation, x + h·gate ≈ 0 under a norm, one rounding moves the
+exact gradient by far more than a step) and at leaves in the inputs' dtype (the reference's roundings round
+the values as the math's do, and the gradient at each rounding and at each use of an input, which the math
+does not). Each element passes against the one it agrees with best; the tolerance grows by one step per
 rounding. The small shapes run again at two other values of the params no shape sets (a math or reference
 that ignores a param); a reference that raises, or returns other than one float64 tensor per output shaped as
 the math's, is a one-line error."""
@@ -103,14 +106,15 @@ def _cases(cases: list, variants: list[dict]) -> list:
     ]
 
 
-def _reference(spec, inputs, params, convention, case, math, forward) -> tuple:
-    """The reference's outputs at a case; a KgenError where it raises or returns other than one float64
-    tensor per output, shaped as the math's."""
+def _reference(spec, inputs, params, convention, case, math, forward, rounded=False) -> tuple:
+    """The reference's outputs at a case (a backward's: ``rounded``, at leaves in the inputs' dtype); a
+    KgenError where it raises or returns other than one float64 tensor per output, shaped as the math's."""
     import torch
 
     takes_convention = "convention" in inspect.signature(spec.reference).parameters
     try:
-        out = spec.reference(*inputs, *params, **({"convention": convention} if takes_convention else {}))
+        extra = {"convention": convention} if takes_convention else {}
+        out = spec.reference(*inputs, *params, **extra, **({"rounded": rounded} if forward else {}))
     except Exception as err:  # the user's code: any error, as one line
         message = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
         if forward:  # the backward's reference is autograd through the forward's, which ran fine
@@ -161,19 +165,14 @@ def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=N
                     continue
                 params = case.param_values(spec)
                 math = family.evaluate(spec, inputs, params, convention)
-                reference = _reference(spec, inputs, params, convention, case, math, forward)
-                for tensor, got, want in zip(spec.outputs, math, reference):
-                    want, got = want.double(), got.double()
-                    scale = want.abs()
-                    if 0 < want.numel() < inputs[0].numel():  # a sum over rows (a weight's gradient)
-                        # each row's term carries its own rounding error, so the sum's error grows with the
-                        # terms (about their root-sum-square), not with a sum that cancelled to near zero
-                        scale = scale.clamp_min(want.square().mean().sqrt().item())
-                    # a NaN or an infinity matches only the same; numbers, within the tolerance
-                    same = (got == want) | (got.isnan() & want.isnan())
-                    finite = got.isfinite() & want.isfinite()
-                    ratio = ((got - want).abs() / (atol + rtol * scale)).where(finite, 0.0)
-                    ratio = ratio.where(finite | same, NOT_THE_SAME)
+                # a backward: autograd of the reference at float64 leaves, and at leaves in the dtype
+                references = [
+                    _reference(spec, inputs, params, convention, case, math, forward, rounded)
+                    for rounded in ((False, True) if forward else (False,))
+                ]
+                for at, (tensor, got) in enumerate(zip(spec.outputs, math)):
+                    ratio = torch.stack([_ratio(got, r[at], inputs[0], atol, rtol) for r in references])
+                    ratio = ratio.amin(0)  # each element against the reference it agrees with best
                     bad = ratio.max().item() if ratio.numel() else 0.0
                     random_bad = random_bad or (bad > 1 and not run)
                     if bad > worst:
@@ -182,6 +181,22 @@ def _check_spec(spec, generator, variants, steps=lambda convention: 1, forward=N
             where = where.replace(PROBED, "").replace(SPECIAL, "") if random_bad else where
             results.append(Result(spec.name, convention, dtype, len(examples), worst, where))
     return results
+
+
+def _ratio(got, want, lead, atol: float, rtol: float):
+    """|got - want| / (atol + rtol·scale) per element; 0 where both are the same NaN or infinity, NOT_THE_SAME
+    where only one side is finite or they differ."""
+    want, got = want.double(), got.double()
+    scale = want.abs()
+    if 0 < want.numel() < lead.numel():  # a sum over rows (a weight's gradient)
+        # each row's term carries its own rounding error, so the sum's error grows with the terms (about
+        # their root-sum-square), not with a sum that cancelled to near zero
+        scale = scale.clamp_min(want.square().mean().sqrt().item())
+    # a NaN or an infinity matches only the same; numbers, within the tolerance
+    same = (got == want) | (got.isnan() & want.isnan())
+    finite = got.isfinite() & want.isfinite()
+    ratio = ((got - want).abs() / (atol + rtol * scale)).where(finite, 0.0)
+    return ratio.where(finite | same, NOT_THE_SAME)
 
 
 def _non_finite(x) -> bool:
