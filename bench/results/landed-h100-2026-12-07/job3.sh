@@ -11,7 +11,7 @@ source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
 done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
 M=/tmp/tree-main
-rm -rf $M && cp -r . $M && (cd $M && patch -R -p1 < bench/results/next/partials.patch) > "$R/patch.log" 2>&1
+rm -rf $M && cp -r . $M && (cd $M && patch -R -p1 < bench/results/landed-h100-2026-12-07/partials.patch) > "$R/patch.log" 2>&1
 (cd $M && python3 -m kgen build qk_norm_rope qk_norm_rope_flux --arch sm_90 --compile --jobs 8 --out /tmp/kb) \
   > "$R/build-main.log" 2>&1 &
 python3 -m kgen build qk_norm_rope3d qk_norm_rope qk_norm_rope_flux adaln_rmsnorm residual_adaln_rmsnorm \
