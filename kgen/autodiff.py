@@ -98,9 +98,7 @@ def backward_reference(forward: OpSpec, order=None, returns=None, stand_in=None,
         given |= {n: given[other] for n, other in (aliases or {}).items()}
 
         def leaf(t):  # float64 (or as given) and requiring grad; an index tensor (a label) as it is
-            if not t.is_floating_point():
-                return t
-            return (t.detach().clone() if rounded else t.detach().double()).requires_grad_()
+            return (t if rounded else t.double()).detach().requires_grad_() if t.is_floating_point() else t
 
         inputs = [None if given[n] is None else leaf(given[n]) for n in names]
         incoming = [given[g].double() for g in grads]
