@@ -7,8 +7,6 @@ set -u
 R=${R:-/tmp/res}
 mkdir -p "$R"
 source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
-nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
-done_() { echo "$1 rc=$2 $(date)" >> "$R/progress"; }
 if ! grep -q H200 "$R/gpu.txt"; then echo "not an H200: nothing to do" >> "$R/progress"; touch "$R/JOB_DONE"; exit; fi
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
