@@ -47,6 +47,22 @@ def find_nvcc() -> str:
     raise BuildError("nvcc not found: put the CUDA toolkit's bin/ on PATH, or set NVCC or CUDA_HOME")
 
 
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, else the one NVIDIA's nvidia-cuda-cuobjdump wheel (the test extras) installs, told
+    where the nvidia-cuda-nvdisasm wheel's nvdisasm is (beside it; cuobjdump -sass runs it)."""
+    if found := shutil.which("cuobjdump"):
+        return found
+    try:
+        import nvidia  # the namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return None
+    wheel = next((p for root in nvidia.__path__ for p in Path(root).glob("cu*/bin/cuobjdump")), None)
+    if wheel is None or not (wheel.parent / "nvdisasm").is_file():
+        return None
+    os.environ.setdefault("NVDISASM_PATH", str(wheel.parent))
+    return str(wheel)
+
+
 def cuda_home(nvcc: str) -> Path:
     if os.environ.get("CUDA_HOME"):
         return Path(os.environ["CUDA_HOME"])

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from kgen.builder import NVCC_FLAGS, _run, compile_kernel, find_nvcc, gencode, parse_ptxas, write_project
+from kgen.builder import (
+    NVCC_FLAGS,
+    _run,
+    compile_kernel,
+    find_cuobjdump,
+    find_nvcc,
+    gencode,
+    parse_ptxas,
+    write_project,
+)
 from kgen.catalog import load_profile, load_spec, op_names
 from kgen.families import family_of
 from kgen.project import resolve_target
@@ -365,7 +374,7 @@ def op_listing(evidence: str, op: str, root: Path) -> list[Kernel]:
     else:
         obj = root / f"{op}.o"
         frames = {e.function: e.stack_frame for e in parse_ptxas(compile_kernel(project, op, profile, obj))}
-        sass = _run([cuobjdump(), "-sass", str(obj)], f"cuobjdump -sass {obj.name}")
+        sass = _run([find_cuobjdump(), "-sass", str(obj)], f"cuobjdump -sass {obj.name}")
         functions = {
             name: sass_accesses(body, frames[name])
             for name, body in split_functions(sass, SASS_FUNCTION).items()
@@ -376,27 +385,11 @@ def op_listing(evidence: str, op: str, root: Path) -> list[Kernel]:
     return kernels
 
 
-def cuobjdump() -> str | None:
-    """cuobjdump on PATH, else the one NVIDIA's nvidia-cuda-cuobjdump wheel (the test extras) installs, told
-    where the nvidia-cuda-nvdisasm wheel's nvdisasm is (beside it; cuobjdump -sass runs it)."""
-    if found := shutil.which("cuobjdump"):
-        return found
-    try:
-        import nvidia  # the namespace package of NVIDIA's CUDA wheels
-    except ImportError:
-        return None
-    wheel = next((p for root in nvidia.__path__ for p in Path(root).glob("cu*/bin/cuobjdump")), None)
-    if wheel is None or not (wheel.parent / "nvdisasm").is_file():
-        return None
-    os.environ.setdefault("NVDISASM_PATH", str(wheel.parent))
-    return str(wheel)
-
-
 @pytest.fixture(scope="module", params=["PTX", "SASS"])
 def listings(request, tmp_path_factory):
     """(evidence, op -> a future of its kernels): every hot op compiled at once, in parallel."""
     evidence = request.param
-    if evidence == "SASS" and cuobjdump() is None:
+    if evidence == "SASS" and find_cuobjdump() is None:
         pytest.skip("no cuobjdump (a CUDA toolkit's bin/, or the test extras' wheel): the PTX variant checks")
     root = tmp_path_factory.mktemp(evidence.lower())
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
