@@ -86,19 +86,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for f, ((ops_b, regs_b), (ops_n, regs_n)) in results.items():
         shared = [k for k in ops_b if k in ops_n]
-        total_b, total_n = Counter(), Counter()
-        for k in shared:
-            total_b += ops_b[k]
-            total_n += ops_n[k]
+        total_b, total_n = (sum((ops[k] for k in shared), Counter()) for ops in (ops_b, ops_n))
         moved = sorted(set(total_b) | set(total_n), key=lambda o: -abs(total_n[o] - total_b[o]))[:3]
         moves = ", ".join(f"{o} {total_b[o]} → {total_n[o]}" for o in moved if total_n[o] != total_b[o])
         grew = sum(1 for k in shared if ops_n[k].total() > 1.01 * ops_b[k].total())
         more_regs = sum(1 for k in shared if k in regs_b and k in regs_n and regs_n[k][0] > regs_b[k][0])
-        spills = sum(1 for r in regs_n.values() if r[1]), sum(1 for r in regs_b.values() if r[1])
+        spills = [sum(1 for r in regs.values() if r[1]) for regs in (regs_b, regs_n)]
         notes = [
             f"{grew} entries grew > 1 %" if grew else "",
             f"{more_regs} use more registers" if more_regs else "",
-            f"entries spilling: {spills[1]} → {spills[0]}" if any(spills) else "",
+            f"entries spilling: {spills[0]} → {spills[1]}" if any(spills) else "",
             f"{len(ops_b) - len(shared)} entries only in base, {len(ops_n) - len(shared)} only in new"
             if len(shared) != max(len(ops_b), len(ops_n))
             else "",

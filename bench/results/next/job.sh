@@ -7,7 +7,7 @@ set -u
 R=${R:-/tmp/res}
 mkdir -p "$R"
 source scripts/device_env.sh "$R" > "$R/pip.log" 2>&1
-if ! grep -q H200 "$R/gpu.txt"; then echo "not an H200: nothing to do" >> "$R/progress"; touch "$R/JOB_DONE"; exit; fi
+if ! grep -q H200 "$R/device.txt"; then echo "not an H200: nothing to do" >> "$R/progress"; touch "$R/JOB_DONE"; exit; fi
 python3 -m kgen build --all --arch sm_90 --compile --jobs 16 --out /tmp/kb > "$R/build.log" 2>&1
 done_ build $?
 timeout 420 python3 -m kgen bench --all --out "$R/suite-all" --build-dir /tmp/kb > "$R/suite.log" 2>&1
