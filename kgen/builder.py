@@ -63,6 +63,13 @@ def find_cuobjdump() -> str | None:
     return str(wheel)
 
 
+# A `cuobjdump -sass` listing: each kernel entry's header, and each instruction's opcode, past its predicate.
+SASS_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
+SASS_OPCODE = re.compile(
+    r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M
+)
+
+
 def cuda_home(nvcc: str) -> Path:
     if os.environ.get("CUDA_HOME"):
         return Path(os.environ["CUDA_HOME"])

@@ -22,8 +22,6 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
-OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M)
 # the parts of a mangled name that differ between two renderings of the same kernel (anonymous namespaces)
 UNSTABLE = re.compile(r"_GLOBAL__N__[0-9a-f]+_|(?<=_cu_)[0-9a-f]{8}")
 
@@ -39,12 +37,21 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kgen.builder import DEVICE_FLAGS, _run, find_cuobjdump, find_nvcc, parse_ptxas
+    from kgen.builder import (
+        DEVICE_FLAGS,
+        SASS_FUNCTION,
+        SASS_OPCODE,
+        _run,
+        find_cuobjdump,
+        find_nvcc,
+        parse_ptxas,
+    )
 
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         sys.exit("no cuobjdump: a CUDA toolkit's bin/ on PATH, or the test extras' cuobjdump wheel")
-    work = Path(tempfile.mkdtemp(prefix="sass-diff-"))
+    scratch = tempfile.TemporaryDirectory(prefix="sass-diff-")  # removed at exit
+    work = Path(scratch.name)
 
     def render(tree: Path, name: str) -> dict[str, Path]:
         out = work / name
@@ -59,9 +66,9 @@ def main() -> None:
         flags = [*DEVICE_FLAGS, f"-arch={args.arch}", "-cubin", "-I", str(src.parent)]
         log = _run([find_nvcc(), *flags, str(src), "-o", str(cubin)], f"nvcc {src.name}")
         sass = _run([cuobjdump, "-sass", str(cubin)], f"cuobjdump {cubin.name}")
-        bodies = FUNCTION.split(sass)[1:]
+        bodies = SASS_FUNCTION.split(sass)[1:]
         opcodes = {
-            UNSTABLE.sub("", n): Counter(OPCODE.findall(b))
+            UNSTABLE.sub("", n): Counter(SASS_OPCODE.findall(b))
             for n, b in zip(bodies[::2], bodies[1::2])
             if args.entries.search(n)
         }

@@ -21,6 +21,8 @@ import pytest
 
 from kgen.builder import (
     NVCC_FLAGS,
+    SASS_FUNCTION,
+    SASS_OPCODE,
     _run,
     compile_kernel,
     find_cuobjdump,
@@ -55,10 +57,6 @@ PTX_FUNCTION = re.compile(r"^(?:\.visible\s+|\.weak\s+)?\.(entry|func)\s+(?:\([^
 PTX_GLOBAL = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld|st)\.global((?:\.[\w:]+)*)\s", re.M)
 PTX_LOCAL = re.compile(r"^\s*(?:@!?%\w+\s+)?((?:ld|st)\.local[\w.:]*)", re.M)
 PTX_DEPOT = re.compile(r"^\s*\.local\b[^;\[]*\[(\d+)\]", re.M)
-SASS_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
-SASS_OPCODE = re.compile(
-    r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M
-)
 SASS_WIDTHS = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}  # bytes by width suffix
 
 
